@@ -1,0 +1,1 @@
+"""Metacontroller hooks for InferaDeployment."""

@@ -1,0 +1,3 @@
+from hooks.cli import main
+
+main()

@@ -1,0 +1,366 @@
+"""The InferaDeployment v1alpha1 API: one typed source for hook validation and the CRD schema.
+
+Attribute docstrings become the CRD's descriptions (`kubectl explain idep.spec...`), so they are
+written for users. The CRD generator (hooks.crd) turns these models into a structural schema.
+"""
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from hooks.quantity import QUANTITY_PATTERN, canonical_quantity
+
+GROUP = "infera.amd.com"
+VERSION = "v1alpha1"
+KIND = "InferaDeployment"
+PLURAL = "inferadeployments"
+
+# Pinned so that a NATS release never changes a running broker behind the user's back.
+DEFAULT_NATS_IMAGE = "nats:2.10.24-alpine"
+DEFAULT_GPU_TYPE = "amd.com/gpu"
+DEFAULT_SERVER_PORT = 8000
+DEFAULT_WORKER_PORT = 30000
+DEFAULT_FRONTEND_PORT = 8000
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """The spec is well-typed but cannot be rendered; reported in status, never as an HTTP error."""
+
+
+def _quantity(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("must be a Kubernetes quantity such as 4, 500m or 64Gi")
+    return canonical_quantity(str(value))
+
+
+# A resource quantity; users may write `cpu: 4` unquoted, so integers are accepted too. Values
+# are canonicalised on read because the API server stores `1000m` as `1` and anything else
+# would be re-applied on every sync.
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+
+def open_object(description: str) -> Any:
+    """An embedded Kubernetes type kept open in the CRD (it is validated when rendered)."""
+    return WithJsonSchema(
+        {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description}
+    )
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable, as in a Kubernetes container."""
+
+    name: Annotated[str, Field(min_length=1)]
+    """Name of the variable."""
+    value: str | None = None
+    """Literal value; `$(VAR)` references to earlier variables are expanded by Kubernetes."""
+    value_from: Annotated[
+        dict[str, Any] | None,
+        open_object("Source of the value (fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef)."),
+    ] = None
+    """Source of the value (fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef)."""
+
+
+class NatsSpec(ApiModel):
+    """The operator-managed NATS JetStream broker that carries KV-cache events."""
+
+    deploy: bool = True
+    """Create a single-node JetStream NATS (StatefulSet + headless Service) for this graph."""
+    image: str | None = None
+    """NATS server image. Defaults to a NATS 2.x tag pinned by this operator release."""
+    storage_size: Quantity = "4Gi"
+    """Size of the JetStream PersistentVolumeClaim."""
+    storage_class_name: str | None = None
+    """StorageClass of the JetStream PVC; the cluster default when unset."""
+
+    @property
+    def effective_image(self) -> str:
+        return self.image or DEFAULT_NATS_IMAGE
+
+
+class GaieSpec(ApiModel):
+    """Gateway API Inference Extension front door: EPP, InferencePool, HTTPRoute and a frontend
+    sidecar in every worker pod."""
+
+    enabled: bool = False
+    """Create the Endpoint Picker, InferencePool and HTTPRoute and inject the frontend sidecar."""
+    epp_image: str | None = None
+    """Image of the Endpoint Picker and the frontend sidecar; defaults to spec.image."""
+    tokenizer_path: str | None = None
+    """Tokenizer (HF model id or local path) the EPP uses for token-aware scoring. Required when enabled."""
+    gateway_name: str | None = None
+    """The existing Gateway the HTTPRoute attaches to. Required when enabled."""
+    gateway_namespace: str | None = None
+    """Namespace of the Gateway; defaults to the InferaDeployment's namespace."""
+    hostnames: list[str] | None = None
+    """Restrict the HTTPRoute to these hostnames."""
+    frontend_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_FRONTEND_PORT
+    """Port of the frontend sidecar in every worker pod, and the InferencePool's target port."""
+    model_name: str | None = None
+    """Served model id, shown by the EPP's /v1/models."""
+
+
+class ResourcesSpec(ApiModel):
+    """Compute resources of each pod of a service."""
+
+    gpu: Annotated[int, Field(ge=0)] | None = None
+    """GPUs per pod, set as both request and limit of `gpuType`. 0 or unset: no GPU."""
+    gpu_type: str = DEFAULT_GPU_TYPE
+    """Extended resource name of the GPU."""
+    cpu: Quantity | None = None
+    """CPU request, e.g. 8 or 500m."""
+    memory: Quantity | None = None
+    """Memory request, e.g. 64Gi."""
+    shared_memory: Quantity | None = None
+    """Size of an in-memory emptyDir mounted at /dev/shm (torch, NCCL and RDMA staging)."""
+
+
+class PatchTarget(ApiModel):
+    """The rendered child a patch applies to."""
+
+    kind: Annotated[str, Field(min_length=1)]
+    """Kind of the child, e.g. Deployment."""
+    name: Annotated[str, Field(min_length=1)]
+    """Name of the child, e.g. mygraph-decode."""
+
+
+class JsonPatchOperation(ApiModel):
+    """One RFC 6902 operation."""
+
+    op: Literal["add", "remove", "replace", "move", "copy", "test"]
+    """The operation."""
+    path: str
+    """JSON pointer to the target location, e.g. /spec/template/spec/nodeSelector."""
+    value: Annotated[Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})] = None
+    """Value for add, replace and test."""
+    from_: Annotated[str | None, Field(alias="from")] = None
+    """Source location for move and copy."""
+
+
+class ChildPatch(ApiModel):
+    """An RFC 6902 JSON patch applied to one rendered child (kustomize's JSON6902 shape)."""
+
+    target: PatchTarget
+    """Which child to patch."""
+    patch: list[JsonPatchOperation]
+    """The operations, applied in order."""
+
+
+class ServiceSpec(ApiModel):
+    """One component of the graph: the router server or a pool of GPU workers."""
+
+    component_type: Literal["server", "worker"]
+    """server: the OpenAI-compatible router (no GPU). worker: a GPU engine pool."""
+    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    """Disaggregation role of a worker pool."""
+    replicas: Annotated[int, Field(ge=0)] = 1
+    """Pods (single-node) or groups (multi-node)."""
+    number_of_nodes: Annotated[int, Field(ge=1)] = 1
+    """Nodes per replica. 1: a Deployment; more: a LeaderWorkerSet spanning that many nodes."""
+    image: str | None = None
+    """Container image of this service; defaults to spec.image."""
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """Port the service listens on. Defaults: server 8000, worker 30000."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """GPU, CPU, memory and shared memory of each pod."""
+    args: list[str] | None = None
+    """Flags appended after the injected ones (a repeated flag overrides the injected value)."""
+    env: list[EnvVar] | None = None
+    """Extra environment variables of this service; they win over spec.envs."""
+    skip_readiness_probe: bool = False
+    """Do not inject the /health readiness probe (slow model loads, out-of-band engines)."""
+    extra_pod_spec: Annotated[
+        dict[str, Any] | None,
+        open_object("A full Kubernetes PodSpec used as the base of this service's pods."),
+    ] = None
+    """A full Kubernetes PodSpec used as the base of this service's pods."""
+    pod_labels: dict[str, str] | None = None
+    """Labels copied onto this service's pods; they win over the InferaDeployment's."""
+    pod_annotations: dict[str, str] | None = None
+    """Annotations copied onto this service's pods; they win over the InferaDeployment's."""
+
+    @property
+    def is_worker(self) -> bool:
+        return self.component_type == "worker"
+
+    @property
+    def effective_port(self) -> int:
+        if self.port is not None:
+            return self.port
+        return DEFAULT_WORKER_PORT if self.is_worker else DEFAULT_SERVER_PORT
+
+
+class InferaDeploymentSpec(ApiModel):
+    """The desired inference graph."""
+
+    backend_framework: Literal["sglang", "vllm"] = "sglang"
+    """Engine of the workers: runs the module infera.engine.<backendFramework>."""
+    image: str | None = None
+    """Default container image of every service."""
+    discovery_backend: Literal["kubernetes", "etcd"] = "kubernetes"
+    """How the server finds workers: kubernetes (watches this graph's pods) or etcd."""
+    etcd_endpoint: str | None = None
+    """External etcd for discovery, e.g. etcd:2379. Required when discoveryBackend is etcd."""
+    nats: NatsSpec = Field(default_factory=NatsSpec)
+    """The managed NATS JetStream broker for KV events."""
+    gaie: GaieSpec = Field(default_factory=GaieSpec)
+    """Gateway API Inference Extension integration."""
+    envs: list[EnvVar] | None = None
+    """Environment variables of every service."""
+    services: dict[str, ServiceSpec]
+    """The graph's components by name; pods and children are named <idep>-<service>."""
+    patches: list[ChildPatch] | None = None
+    """RFC 6902 patches applied to rendered children, for what the API does not model."""
+
+    @field_validator("services")
+    @classmethod
+    def _service_names(cls, services: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
+        for name in services:
+            if not DNS_LABEL.match(name):
+                raise ValueError(
+                    f"service name {name!r} must be a DNS label: lower-case letters, digits "
+                    "and '-', starting with a letter"
+                )
+        return services
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "InferaDeploymentSpec":
+        if self.discovery_backend == "etcd" and not self.etcd_endpoint:
+            raise ValueError("etcdEndpoint is required when discoveryBackend is etcd")
+        if not any(s.is_worker for s in self.services.values()):
+            raise ValueError("services must contain at least one worker")
+        if self.gaie.enabled:
+            required = {"tokenizerPath": self.gaie.tokenizer_path, "gatewayName": self.gaie.gateway_name}
+            missing = [field for field, value in required.items() if not value]
+            if missing:
+                raise ValueError(f"gaie.{' and gaie.'.join(missing)} required when gaie.enabled")
+        for name, service in self.services.items():
+            if not (service.image or self.image or service.extra_pod_spec):
+                raise ValueError(f"services.{name}: no image: set spec.image or services.{name}.image")
+        return self
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: str
+    """Condition type in CamelCase, e.g. Ready."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The metadata.generation the condition was computed from."""
+    last_transition_time: Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+    """When the status last changed."""
+    reason: str
+    """CamelCase machine-readable reason."""
+    message: str
+    """Human-readable detail."""
+
+
+class ServiceStatus(ApiModel):
+    """Replica counts of one service's workload, as the workload reports them."""
+
+    kind: str
+    """Workload kind: Deployment or LeaderWorkerSet."""
+    replicas: int
+    """Desired replicas (pods, or groups for a LeaderWorkerSet)."""
+    ready_replicas: int
+    """Ready replicas (pods, or groups for a LeaderWorkerSet)."""
+
+
+class GaieStatus(ApiModel):
+    """State of the Inference Gateway objects; set only when spec.gaie.enabled."""
+
+    epp_replicas: int
+    """Desired Endpoint Picker replicas."""
+    epp_ready_replicas: int
+    """Ready Endpoint Picker replicas."""
+    inference_pool_name: str | None = None
+    """The generated InferencePool."""
+    http_route_name: str | None = None
+    """The generated HTTPRoute."""
+    inference_pool_ready: bool | None = None
+    """The InferencePool exists and, when it reports conditions, is Accepted."""
+    http_route_accepted: bool | None = None
+    """A parent Gateway reports the HTTPRoute Accepted."""
+    ready: bool | None = None
+    """EPP ready, pool ready and route accepted."""
+
+
+State = Literal["initializing", "pending", "ready", "failed", "terminating"]
+
+
+class InferaDeploymentStatus(ApiModel):
+    """The observed state of the graph, written by the hook on every sync."""
+
+    observed_generation: int | None = None
+    """The metadata.generation last reconciled (written by Metacontroller)."""
+    state: State | None = None
+    """initializing, pending, ready, failed, or terminating during teardown."""
+    message: str | None = None
+    """One line for people: what the graph is waiting on, or what is wrong."""
+    ready_services: str | None = None
+    """Ready services out of all services, e.g. 2/3."""
+    conditions: list[Condition] | None = None
+    """Standard conditions (Ready, SpecValid, ...)."""
+    services: dict[str, ServiceStatus] | None = None
+    """Per-service workload status by service name."""
+    gaie: GaieStatus | None = None
+    """Inference Gateway status when spec.gaie.enabled."""
+
+
+class ParentMeta(BaseModel):
+    """The parts of the parent's metadata the hook reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class InferaDeployment(BaseModel):
+    """A parsed parent: identity plus validated spec."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    metadata: ParentMeta
+    spec: InferaDeploymentSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name

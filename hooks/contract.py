@@ -1,0 +1,81 @@
+"""Metacontroller's hook wire contract: what a request holds and what an answer may contain.
+
+Requests are `{"controller", "parent", "children", "related", "finalizing"}`. Children are
+grouped by `Kind.apiVersion`, then keyed by `name` (hook v1) or `namespace/name` (hook v2);
+only the objects matter, never the keys. Answers may hold only `status`, `children`,
+`resyncAfterSeconds` and `finalized`: v2 hooks are decoded strictly.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+LAST_APPLIED_ANNOTATION = "metacontroller.k8s.io/last-applied-configuration"
+RESPONSE_FIELDS = frozenset({"status", "children", "resyncAfterSeconds", "finalized"})
+
+
+class BadRequest(ValueError):
+    """The body is not a Metacontroller hook request; answered with HTTP 400."""
+
+
+@dataclass(frozen=True)
+class HookRequest:
+    parent: dict[str, Any]
+    children: list[dict[str, Any]]
+    finalizing: bool
+
+
+def _objects(group: Any, where: str) -> list[dict[str, Any]]:
+    if group is None:
+        return []
+    if not isinstance(group, dict):
+        raise BadRequest(f"'{where}' must be an object of Kind.apiVersion -> name -> object")
+    objects = []
+    for type_key, by_name in sorted(group.items()):
+        if by_name is None:
+            continue
+        if not isinstance(by_name, dict):
+            raise BadRequest(f"'{where}.{type_key}' must be an object keyed by child name")
+        for key, child in sorted(by_name.items()):
+            if not isinstance(child, dict) or not isinstance(child.get("metadata"), dict):
+                raise BadRequest(f"'{where}.{type_key}.{key}' must be a Kubernetes object")
+            objects.append(child)
+    return objects
+
+
+def parse_request(body: Any) -> HookRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    parent = body.get("parent")
+    if not isinstance(parent, dict):
+        raise BadRequest("'parent' is missing or not an object")
+    metadata = parent.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str) or not metadata["name"]:
+        raise BadRequest("'parent.metadata.name' is missing")
+    finalizing = body.get("finalizing", False)
+    if not isinstance(finalizing, bool):
+        raise BadRequest("'finalizing' must be a boolean")
+    return HookRequest(parent=parent, children=_objects(body.get("children"), "children"), finalizing=finalizing)
+
+
+def child_key(child: dict[str, Any]) -> tuple[str, str]:
+    return child.get("kind", ""), child["metadata"].get("name", "")
+
+
+def as_last_applied(child: dict[str, Any]) -> dict[str, Any]:
+    """What the hook last asked for: answering it again changes nothing on the cluster.
+
+    Metacontroller records every applied child in the last-applied annotation. Without one
+    (a child adopted from elsewhere) keep the object minus what the API server owns.
+    """
+    metadata = child["metadata"]
+    recorded = (metadata.get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
+    if recorded:
+        try:
+            applied = json.loads(recorded)
+        except ValueError:
+            applied = None
+        if isinstance(applied, dict):
+            return applied
+    kept_metadata = {k: metadata[k] for k in ("name", "namespace", "labels", "annotations") if k in metadata}
+    return {k: v for k, v in child.items() if k not in ("status", "metadata")} | {"metadata": kept_metadata}

@@ -1,0 +1,63 @@
+"""The hooks as pure functions: a parsed Metacontroller request in, the answer out."""
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from hooks import status
+from hooks.api import InferaDeployment, SpecError
+from hooks.contract import HookRequest, as_last_applied
+from hooks.renderers import render_children
+
+log = logging.getLogger(__name__)
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line naming each bad field by its API path, e.g. `spec.services.decode.replicas`."""
+    problems = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"])
+        problems.append(f"{path}: {item['msg']}" if path else item["msg"])
+    return "; ".join(problems)
+
+
+def parse_parent(parent: dict[str, Any]) -> InferaDeployment:
+    """Validate the parent; raises SpecError naming the field on any problem."""
+    try:
+        return InferaDeployment.model_validate(
+            {"metadata": parent.get("metadata"), "spec": parent.get("spec") or {}}
+        )
+    except ValidationError as error:
+        raise SpecError(f"invalid spec: {describe_validation_error(error)}") from None
+
+
+def sync(request: HookRequest) -> dict[str, Any]:
+    try:
+        idep = parse_parent(request.parent)
+        children = render_children(idep)
+    except SpecError as error:
+        return _keep_observed(request, str(error))
+    except Exception as error:  # a renderer bug must not delete a running fleet either
+        log.exception("rendering %s failed", request.parent["metadata"]["name"])
+        return _keep_observed(request, f"internal error while rendering: {error}")
+    return {"status": status.roll_up(idep, request.children), "children": children}
+
+
+def _keep_observed(request: HookRequest, message: str) -> dict[str, Any]:
+    """A bad spec fails loudly in status and keeps every observed child exactly as applied."""
+    return {
+        "status": status.failed(message),
+        "children": [as_last_applied(child) for child in request.children],
+    }
+
+
+def finalize(request: HookRequest) -> dict[str, Any]:
+    """Teardown: release every child; the finalizer goes once none is observed any more."""
+    remaining = len(request.children)
+    message = f"deleting {remaining} children" if remaining else "all children deleted"
+    return {
+        "status": {"state": "terminating", "message": message},
+        "children": [],
+        "finalized": remaining == 0,
+    }

@@ -1,0 +1,83 @@
+"""The managed NATS JetStream broker: a one-pod StatefulSet and its headless Service."""
+
+from hooks.api import InferaDeployment
+from hooks.renderers.common import NATS_SUFFIX, child_name, object_metadata, selector_labels
+
+CLIENT_PORT = 4222
+MONITOR_PORT = 8222
+STORE_DIR = "/data/jetstream"
+DATA_VOLUME = "data"
+
+
+def client_url(idep: InferaDeployment) -> str | None:
+    """Where servers and workers publish KV events, when the managed broker is deployed."""
+    if not idep.spec.nats.deploy:
+        return None
+    return f"nats://{child_name(idep, NATS_SUFFIX)}:{CLIENT_PORT}"
+
+
+def render(idep: InferaDeployment) -> list[dict]:
+    if not idep.spec.nats.deploy:
+        return []
+    nats = idep.spec.nats
+    name = child_name(idep, NATS_SUFFIX)
+    claim_spec: dict = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": nats.storage_size}},
+    }
+    if nats.storage_class_name:
+        claim_spec["storageClassName"] = nats.storage_class_name
+    container = {
+        "name": "nats",
+        "image": nats.effective_image,
+        "command": [
+            "nats-server",
+            "--jetstream",
+            "--store_dir", STORE_DIR,
+            "--port", str(CLIENT_PORT),
+            "--http_port", str(MONITOR_PORT),
+        ],
+        "ports": [
+            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": "monitor", "containerPort": MONITOR_PORT, "protocol": "TCP"},
+        ],
+        # /healthz turns ready only once JetStream has loaded its store.
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "monitor", "scheme": "HTTP"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+            "successThreshold": 1,
+        },
+        "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/data"}],
+    }
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_metadata(idep, NATS_SUFFIX),
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "selector": {"matchLabels": selector_labels(idep, NATS_SUFFIX)},
+            "template": {
+                "metadata": {"labels": object_metadata(idep, NATS_SUFFIX)["labels"]},
+                "spec": {"containers": [container]},
+            },
+            "volumeClaimTemplates": [{"metadata": {"name": DATA_VOLUME}, "spec": claim_spec}],
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(idep, NATS_SUFFIX),
+        "spec": {
+            # Headless: the StatefulSet's governing Service; clients resolve straight to the pod.
+            "clusterIP": "None",
+            "selector": selector_labels(idep, NATS_SUFFIX),
+            "ports": [
+                {"name": "client", "port": CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
+                {"name": "monitor", "port": MONITOR_PORT, "targetPort": "monitor", "protocol": "TCP"},
+            ],
+        },
+    }
+    return [statefulset, service]

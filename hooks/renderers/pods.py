@@ -1,0 +1,201 @@
+"""The pod template of a server or worker service: command, env, resources, probes, metadata."""
+
+import math
+
+from hooks.api import EnvVar, InferaDeployment, ServiceSpec, SpecError
+from hooks.renderers import discovery, nats
+from hooks.renderers.common import COMPONENT_LABEL, identity_labels
+
+MAIN_CONTAINER = "main"
+PORT_NAME = "http"
+SHM_VOLUME = "dshm"
+
+# Seconds between the pod being marked terminating and SIGTERM: long enough for the router
+# (which watches pods) to stop sending new requests to a worker before it begins to drain.
+PRESTOP_DELAY_SECONDS = 10
+# The worker's own drain timeout when neither --drain-timeout nor INFERA_DRAIN_TIMEOUT sets it.
+DEFAULT_DRAIN_TIMEOUT_SECONDS = 30
+# Headroom after the drain for the engine to exit and deregister before SIGKILL.
+SHUTDOWN_SLACK_SECONDS = 20
+
+# Engine health can stall for seconds under a full batch; a slow answer must not flap readiness.
+WORKER_READINESS_PROBE = {
+    "failureThreshold": 3,
+    "periodSeconds": 10,
+    "successThreshold": 1,
+    "timeoutSeconds": 10,
+}
+
+
+def discovery_flags(idep: InferaDeployment) -> list[str]:
+    if idep.spec.discovery_backend == "etcd":
+        return ["--etcd-endpoint", idep.spec.etcd_endpoint or ""]
+    return ["--discovery-backend", "kubernetes", "--k8s-label-selector", discovery.label_selector(idep)]
+
+
+def transport_flags(idep: InferaDeployment) -> list[str]:
+    url = nats.client_url(idep)
+    return ["--kv-event-transport", "nats", "--nats-server", url] if url else []
+
+
+def main_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
+    """The injected part of the entrypoint; the service's `args` follow it."""
+    module = f"infera.engine.{idep.spec.backend_framework}" if svc.is_worker else "infera.server"
+    command = ["python3", "-m", module, "--host", "0.0.0.0", "--port", str(svc.effective_port)]
+    command += discovery_flags(idep)
+    if svc.is_worker and svc.role != "mixed":
+        command += ["--disaggregation-mode", svc.role]
+    if not svc.is_worker and idep.spec.gaie.enabled:
+        command += ["--router-mode", "direct"]
+    return command + transport_flags(idep)
+
+
+def _field_env(name: str, field_path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+
+
+def _env_var(var: EnvVar) -> dict:
+    # An empty value is stored as absent by the API server, so it is emitted as absent.
+    rendered: dict = {"name": var.name}
+    if var.value:
+        rendered["value"] = var.value
+    if var.value_from is not None:
+        rendered["valueFrom"] = var.value_from
+    return rendered
+
+
+def container_env(idep: InferaDeployment, svc: ServiceSpec) -> list[dict]:
+    """spec.envs, NATS_SERVER, pod identity, the server's selector, then the service's env.
+
+    A name set twice keeps its first position and its last value, so users override what the
+    operator injects without producing duplicate names (which the API server only warns about).
+    """
+    env = [_env_var(v) for v in idep.spec.envs or []]
+    url = nats.client_url(idep)
+    if url:
+        env.append({"name": "NATS_SERVER", "value": url})
+    env += [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        # Workers advertise their pod IP to the router, so no hostNetwork is needed.
+        _field_env("POD_IP", "status.podIP"),
+    ]
+    if not svc.is_worker and idep.spec.discovery_backend == "kubernetes":
+        env.append({"name": "INFERA_K8S_LABEL_SELECTOR", "value": discovery.label_selector(idep)})
+    env += [_env_var(v) for v in svc.env or []]
+
+    by_name: dict[str, dict] = {}
+    for var in env:
+        by_name[var["name"]] = var
+    return list(by_name.values())
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value argparse would see for `flag` (the last occurrence wins)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
+
+def drain_timeout_seconds(svc: ServiceSpec, env: list[dict]) -> int:
+    source, raw = "--drain-timeout", _flag_value(svc.args or [], "--drain-timeout")
+    if raw is None:
+        source = "INFERA_DRAIN_TIMEOUT"
+        raw = next((v.get("value") for v in env if v["name"] == source and "valueFrom" not in v), None)
+    if raw is None:
+        return DEFAULT_DRAIN_TIMEOUT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise SpecError(f"{source} must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise SpecError(f"{source} must be a non-negative number of seconds, got {raw!r}")
+    return math.ceil(seconds)
+
+
+def _resources(svc: ServiceSpec) -> dict:
+    spec = svc.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.cpu:
+        requests["cpu"] = spec.cpu
+    if spec.memory:
+        requests["memory"] = spec.memory
+    if spec.gpu:
+        # Extended resources cannot be overcommitted: Kubernetes requires request == limit.
+        requests[spec.gpu_type] = limits[spec.gpu_type] = str(spec.gpu)
+    resources = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def pod_metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    """infera* labels/annotations of the parent, then the service's own, then identity."""
+    labels = {k: v for k, v in idep.metadata.labels.items() if k.startswith("infera")}
+    labels |= svc.pod_labels or {}
+    labels |= identity_labels(idep, service)
+    labels[COMPONENT_LABEL] = svc.component_type
+    annotations = {k: v for k, v in idep.metadata.annotations.items() if k.startswith("infera")}
+    annotations |= svc.pod_annotations or {}
+    metadata: dict = {"labels": labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    return metadata
+
+
+def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict]) -> dict:
+    container: dict = {
+        "name": MAIN_CONTAINER,
+        "image": svc.image or idep.spec.image,
+        "command": main_command(idep, svc),
+        "ports": [{"name": PORT_NAME, "containerPort": svc.effective_port, "protocol": "TCP"}],
+        "env": env,
+    }
+    if svc.args:
+        container["args"] = list(svc.args)
+    resources = _resources(svc)
+    if resources:
+        container["resources"] = resources
+    if svc.resources.shared_memory:
+        container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    if svc.is_worker:
+        if not svc.skip_readiness_probe:
+            container["readinessProbe"] = {
+                "httpGet": {"path": "/health", "port": PORT_NAME, "scheme": "HTTP"},
+                **WORKER_READINESS_PROBE,
+            }
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_SECONDS)]}}
+        }
+    return container
+
+
+def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    if svc.extra_pod_spec is not None:
+        raise SpecError(f"services.{service}.extraPodSpec is accepted but not rendered by this release")
+    env = container_env(idep, svc)
+    spec: dict = {"containers": [main_container(idep, svc, env)]}
+    account = discovery.service_account_name(idep)
+    if account:
+        spec["serviceAccountName"] = account
+    if svc.is_worker:
+        # SIGKILL must not cut a drain short: the pre-stop delay, the drain itself, then slack.
+        spec["terminationGracePeriodSeconds"] = (
+            PRESTOP_DELAY_SECONDS + drain_timeout_seconds(svc, env) + SHUTDOWN_SLACK_SECONDS
+        )
+    if svc.resources.shared_memory:
+        spec["volumes"] = [
+            {
+                "name": SHM_VOLUME,
+                "emptyDir": {"medium": "Memory", "sizeLimit": svc.resources.shared_memory},
+            }
+        ]
+    return {"metadata": pod_metadata(idep, service, svc), "spec": spec}
+

@@ -1,0 +1,19 @@
+"""The ClusterIP Service in front of each server."""
+
+from hooks.api import InferaDeployment, ServiceSpec
+from hooks.renderers.common import object_metadata, selector_labels
+from hooks.renderers.pods import PORT_NAME
+
+
+def server_service(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    port = svc.effective_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(idep, service),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(idep, service),
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
