@@ -1,0 +1,199 @@
+"""Shared fixtures: the real hook service on loopback, and Metacontroller-shaped requests.
+
+Tests that need ../shared or kubectl skip with a reason when those are missing; with
+INFERA_REQUIRE_ALL=1 (set by .ci/run) such a skip is a failure, so CI cannot pass by skipping.
+"""
+
+import copy
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import schemas
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("INFERA_SHARED_DIR", REPO.parent / "shared"))
+SCHEMAS = Path(os.environ.get("INFERA_SCHEMAS_DIR", SHARED / "schemas"))
+RESPONSE_FIELDS = {"status", "children", "resyncAfterSeconds", "finalized"}
+# What Metacontroller's childResources `resource` names stand for.
+RESOURCE_KINDS = {
+    "deployments": "Deployment",
+    "services": "Service",
+    "statefulsets": "StatefulSet",
+    "serviceaccounts": "ServiceAccount",
+    "roles": "Role",
+    "rolebindings": "RoleBinding",
+    "leaderworkersets": "LeaderWorkerSet",
+    "inferencepools": "InferencePool",
+    "httproutes": "HTTPRoute",
+}
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip (or, under INFERA_REQUIRE_ALL=1, fail) when a prerequisite is missing."""
+    if condition:
+        return
+    if os.environ.get("INFERA_REQUIRE_ALL") == "1":
+        pytest.fail(f"required prerequisite missing: {reason}")
+    pytest.skip(reason)
+
+
+def need_schemas() -> Path:
+    need(SCHEMAS.is_dir(), f"upstream CRD schemas not found at {SCHEMAS} (set INFERA_SCHEMAS_DIR)")
+    return SCHEMAS
+
+
+def need_kubectl() -> str:
+    kubectl = shutil.which("kubectl")
+    need(kubectl is not None, "kubectl is not on PATH")
+    return kubectl
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    """Core kinds against Kubernetes' own schema; CRD kinds against their CRD (ours or upstream)."""
+    dirs = [REPO / "crds"] + ([SCHEMAS] if SCHEMAS.is_dir() else [])
+    schemas.validate(obj, dirs)
+
+
+def load_yaml(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def controller() -> dict[str, Any]:
+    """The CompositeController of our bundle, as Metacontroller puts it in every request."""
+    (composite,) = load_yaml(REPO / "metacontroller" / "compositecontroller.yaml")
+    return composite
+
+
+def parent(source: Path | dict[str, Any], namespace: str = "ml", generation: int = 1) -> dict[str, Any]:
+    """An InferaDeployment as the API server hands it to Metacontroller."""
+    obj = copy.deepcopy(source) if isinstance(source, dict) else load_yaml(source)[0]
+    metadata = obj.setdefault("metadata", {})
+    metadata.setdefault("namespace", namespace)
+    metadata.setdefault("uid", "7b1c2d3e-4f50-4a61-8b72-9c83d4e5f601")
+    metadata.setdefault("generation", generation)
+    metadata.setdefault("resourceVersion", "1000")
+    return obj
+
+
+def request_body(
+    parent_obj: dict[str, Any],
+    observed: list[dict[str, Any]] = (),
+    version: str = "v2",
+    finalizing: bool = False,
+    composite: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A hook request: every registered child type present, keyed by name (v1) or ns/name (v2)."""
+    composite = composite or controller()
+    children: dict[str, dict[str, Any]] = {}
+    for resource in composite["spec"]["childResources"]:
+        children[f"{RESOURCE_KINDS[resource['resource']]}.{resource['apiVersion']}"] = {}
+    namespace = parent_obj["metadata"]["namespace"]
+    for child in observed:
+        key = child["metadata"]["name"] if version == "v1" else f"{namespace}/{child['metadata']['name']}"
+        children[f"{child['kind']}.{child['apiVersion']}"][key] = child
+    return {
+        "controller": composite,
+        "parent": parent_obj,
+        "children": children,
+        "related": {},
+        "finalizing": finalizing,
+    }
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class HookClient:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def request(
+        self, method: str, path: str, data: bytes | None = None, content_type: str | None = "application/json"
+    ) -> Reply:
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        if content_type:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as response:
+                return Reply(response.status, dict(response.headers), response.read())
+        except urllib.error.HTTPError as error:
+            return Reply(error.code, dict(error.headers), error.read())
+
+    def post(self, path: str, body: Any) -> Reply:
+        return self.request("POST", path, json.dumps(body).encode())
+
+    def hook(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a hook request; assert a well-formed answer whose children all validate."""
+        reply = self.post(path, body)
+        assert reply.status == 200, reply.body
+        answer = reply.json
+        assert set(answer) <= RESPONSE_FIELDS, f"unexpected top-level fields {set(answer) - RESPONSE_FIELDS}"
+        assert isinstance(answer["children"], list)
+        for child in answer["children"]:
+            validate_object(child)
+        return answer
+
+    def sync(self, parent_obj: dict[str, Any], observed: list[dict[str, Any]] = (), version: str = "v2") -> dict[str, Any]:
+        return self.hook("/sync", request_body(parent_obj, observed, version))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def hook_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`infera-hooks serve` (gunicorn, two workers) on a free loopback port."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("hooks") / "server.log"
+    log = log_path.open("wb")
+    executable = Path(sys.executable).with_name("infera-hooks")
+    command = [str(executable)] if executable.exists() else [sys.executable, "-m", "hooks"]
+    process = subprocess.Popen(
+        command + ["serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=1):
+                break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"hook server did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def hooks(hook_url: str) -> HookClient:
+    return HookClient(hook_url)

@@ -1,0 +1,328 @@
+"""What an InferaDeployment becomes (DESIGN §4), through the real service over HTTP."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, parent
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+SELECTOR = "infera.amd.com/deployment=qwen-pd"
+NATS_URL = "nats://qwen-pd-nats:4222"
+IDENTITY_ENV = [
+    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
+    {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
+]
+
+
+def children_by_key(answer: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    keyed = {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
+    assert len(keyed) == len(answer["children"]), "duplicate children"
+    return keyed
+
+
+def container(answer: dict[str, Any], name: str) -> dict[str, Any]:
+    (main,) = children_by_key(answer)[("Deployment", name)]["spec"]["template"]["spec"]["containers"]
+    return main
+
+
+def labels(service: str, idep: str = "qwen-pd") -> dict[str, str]:
+    return {
+        "app.kubernetes.io/managed-by": "infera-hooks",
+        "infera.amd.com/deployment": idep,
+        "infera.amd.com/service": service,
+    }
+
+
+def pd_parent(**spec_changes: Any) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["spec"].update(spec_changes)
+    return obj
+
+
+def test_seed_pd_graph_children(hooks) -> None:
+    answer = hooks.sync(pd_parent())
+    assert sorted(children_by_key(answer)) == [
+        ("Deployment", "qwen-pd-decode"),
+        ("Deployment", "qwen-pd-prefill"),
+        ("Deployment", "qwen-pd-server"),
+        ("Role", "qwen-pd-disc"),
+        ("RoleBinding", "qwen-pd-disc"),
+        ("Service", "qwen-pd-nats"),
+        ("Service", "qwen-pd-server"),
+        ("ServiceAccount", "qwen-pd-disc"),
+        ("StatefulSet", "qwen-pd-nats"),
+    ]
+    for child in answer["children"]:
+        assert child["metadata"]["labels"] == labels(child["metadata"]["labels"]["infera.amd.com/service"])
+        assert "namespace" not in child["metadata"]  # Metacontroller places children in the parent's
+
+
+def test_prefill_worker_deployment_is_exact(hooks) -> None:
+    prefill = children_by_key(hooks.sync(pd_parent()))[("Deployment", "qwen-pd-prefill")]
+    assert prefill == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "qwen-pd-prefill", "labels": labels("prefill")},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/service": "prefill"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": {**labels("prefill"), "infera.amd.com/component": "worker"}},
+                "spec": {
+                    "serviceAccountName": "qwen-pd-disc",
+                    "terminationGracePeriodSeconds": 60,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "rocm/infera:sglang-v0.1.1",
+                            "command": [
+                                "python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "30000",
+                                "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR,
+                                "--disaggregation-mode", "prefill",
+                                "--kv-event-transport", "nats", "--nats-server", NATS_URL,
+                            ],
+                            "args": [
+                                "--model-path", "Qwen/Qwen3-0.6B", "--tp-size", "1", "--trust-remote-code",
+                                "--disaggregation-transfer-backend", "mori",
+                            ],
+                            "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
+                            "env": [{"name": "NATS_SERVER", "value": NATS_URL}, *IDENTITY_ENV],
+                            "resources": {
+                                "requests": {"memory": "64Gi", "amd.com/gpu": "1"},
+                                "limits": {"amd.com/gpu": "1"},
+                            },
+                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+                                "failureThreshold": 3,
+                                "periodSeconds": 10,
+                                "successThreshold": 1,
+                                "timeoutSeconds": 10,
+                            },
+                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+                        }
+                    ],
+                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}],
+                },
+            },
+        },
+    }
+
+
+def test_decode_worker_gets_its_role(hooks) -> None:
+    command = container(hooks.sync(pd_parent()), "qwen-pd-decode")["command"]
+    assert command[command.index("--disaggregation-mode") + 1] == "decode"
+
+
+def test_server_deployment_and_service(hooks) -> None:
+    answer = hooks.sync(pd_parent())
+    server = children_by_key(answer)[("Deployment", "qwen-pd-server")]
+    assert "strategy" not in server["spec"]  # routers hold no GPU: the default surge rollout is fine
+    pod = server["spec"]["template"]["spec"]
+    assert "terminationGracePeriodSeconds" not in pod
+    (main,) = pod["containers"]
+    assert main["command"] == [
+        "python3", "-m", "infera.server", "--host", "0.0.0.0", "--port", "8000",
+        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR,
+        "--kv-event-transport", "nats", "--nats-server", NATS_URL,
+    ]
+    assert main["args"] == ["--router-policy", "kv-aware", "--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
+    assert main["env"] == [
+        {"name": "NATS_SERVER", "value": NATS_URL},
+        *IDENTITY_ENV,
+        {"name": "INFERA_K8S_LABEL_SELECTOR", "value": SELECTOR},
+    ]
+    assert main["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}}
+    assert "readinessProbe" not in main and "lifecycle" not in main and "volumeMounts" not in main
+    assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"] == {
+        "type": "ClusterIP",
+        "selector": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/service": "server"},
+        "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+    }
+
+
+def test_nats_statefulset_and_headless_service(hooks) -> None:
+    answer = hooks.sync(pd_parent(nats={"deploy": True, "storageSize": "8Gi", "storageClassName": "fast"}))
+    statefulset = children_by_key(answer)[("StatefulSet", "qwen-pd-nats")]
+    spec = statefulset["spec"]
+    assert spec["replicas"] == 1 and spec["serviceName"] == "qwen-pd-nats"
+    (nats,) = spec["template"]["spec"]["containers"]
+    assert nats["image"] == "nats:2.10.24-alpine"  # pinned, never :latest
+    assert "--jetstream" in nats["command"]
+    assert nats["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "monitor", "scheme": "HTTP"}
+    assert spec["volumeClaimTemplates"] == [
+        {
+            "metadata": {"name": "data"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "8Gi"}},
+                "storageClassName": "fast",
+            },
+        }
+    ]
+    service = children_by_key(answer)[("Service", "qwen-pd-nats")]["spec"]
+    assert service["clusterIP"] == "None"
+    assert [p["port"] for p in service["ports"]] == [4222, 8222]
+
+
+def test_discovery_identity_is_least_privilege(hooks) -> None:
+    answer = hooks.sync(pd_parent())
+    role = children_by_key(answer)[("Role", "qwen-pd-disc")]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["infera.amd.com"], "resources": ["inferadeployments"], "resourceNames": ["qwen-pd"], "verbs": ["get", "patch"]},
+    ]
+    binding = children_by_key(answer)[("RoleBinding", "qwen-pd-disc")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "qwen-pd-disc"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qwen-pd-disc", "namespace": "ml"}]
+
+
+def test_etcd_discovery(hooks) -> None:
+    answer = hooks.sync(pd_parent(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"))
+    kinds = {kind for kind, _ in children_by_key(answer)}
+    assert kinds == {"Deployment", "Service", "StatefulSet"}  # no RBAC objects
+    for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
+        main = container(answer, name)
+        assert main["command"][7:9] == ["--etcd-endpoint", "etcd.infra:2379"]
+        assert "--discovery-backend" not in main["command"]
+        assert [v["name"] for v in main["env"]] == ["NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
+        pod = children_by_key(answer)[("Deployment", name)]["spec"]["template"]["spec"]
+        assert "serviceAccountName" not in pod
+
+
+def test_nats_off(hooks) -> None:
+    answer = hooks.sync(pd_parent(nats={"deploy": False}))
+    assert not [key for key in children_by_key(answer) if key[1] == "qwen-pd-nats"]
+    for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
+        main = container(answer, name)
+        assert "--kv-event-transport" not in main["command"] and "--nats-server" not in main["command"]
+        assert "NATS_SERVER" not in [v["name"] for v in main["env"]]
+
+
+def test_vllm_backend(hooks) -> None:
+    answer = hooks.sync(pd_parent(backendFramework="vllm"))
+    assert container(answer, "qwen-pd-prefill")["command"][:3] == ["python3", "-m", "infera.engine.vllm"]
+    assert container(answer, "qwen-pd-server")["command"][:3] == ["python3", "-m", "infera.server"]
+
+
+def test_custom_ports_gpu_type_and_images(hooks) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["server"]["port"] = 9000
+    decode = obj["spec"]["services"]["decode"]
+    decode.update(port=31000, image="example.com/engine:v2", replicas=3)
+    decode["resources"] = {"gpu": 8, "gpuType": "nvidia.com/gpu", "cpu": "16000m", "memory": "1024Gi"}
+    answer = hooks.sync(obj)
+    server = container(answer, "qwen-pd-server")
+    assert server["command"][5:7] == ["--port", "9000"]
+    assert server["ports"] == [{"name": "http", "containerPort": 9000, "protocol": "TCP"}]
+    assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"]["ports"][0]["port"] == 9000
+    main = container(answer, "qwen-pd-decode")
+    assert main["image"] == "example.com/engine:v2"
+    assert main["command"][5:7] == ["--port", "31000"]
+    assert main["ports"][0]["containerPort"] == 31000
+    # Canonical quantities, exactly as the API server stores them (16000m -> 16, 1024Gi -> 1Ti).
+    assert main["resources"] == {
+        "requests": {"cpu": "16", "memory": "1Ti", "nvidia.com/gpu": "8"},
+        "limits": {"nvidia.com/gpu": "8"},
+    }
+    assert "volumeMounts" not in main
+    assert children_by_key(answer)[("Deployment", "qwen-pd-decode")]["spec"]["replicas"] == 3
+
+
+def test_envs_precedence_and_no_empty_values(hooks) -> None:
+    obj = pd_parent(envs=[{"name": "HF_HOME", "value": "/models"}, {"name": "SHARED", "value": "all"}, {"name": "EMPTY", "value": ""}])
+    obj["spec"]["services"]["decode"]["env"] = [{"name": "SHARED", "value": "decode"}, {"name": "POD_IP", "value": "10.0.0.1"}]
+    env = container(hooks.sync(obj), "qwen-pd-decode")["env"]
+    assert env == [
+        {"name": "HF_HOME", "value": "/models"},
+        {"name": "SHARED", "value": "decode"},
+        {"name": "EMPTY"},
+        {"name": "NATS_SERVER", "value": NATS_URL},
+        IDENTITY_ENV[0],
+        IDENTITY_ENV[1],
+        {"name": "POD_IP", "value": "10.0.0.1"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "grace"),
+    [
+        ([], [], 60),
+        (["--drain-timeout", "300"], [], 330),
+        (["--drain-timeout=45.5"], [], 76),
+        ([], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 150),
+        (["--drain-timeout", "10"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 40),
+    ],
+)
+def test_grace_period_covers_the_drain(hooks, args: list[str], env: list[dict], grace: int) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["decode"].update(args=args, env=env)
+    pod = children_by_key(hooks.sync(obj))[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+
+
+def test_skip_readiness_probe(hooks) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["decode"]["skipReadinessProbe"] = True
+    answer = hooks.sync(obj)
+    assert "readinessProbe" not in container(answer, "qwen-pd-decode")
+    assert "readinessProbe" in container(answer, "qwen-pd-prefill")
+
+
+def test_pod_metadata_propagation(hooks) -> None:
+    obj = pd_parent()
+    obj["metadata"]["labels"] = {
+        "infera.amd.com/team": "search",
+        "inferaTier": "gold",
+        "team": "not-propagated",
+        "infera.amd.com/service": "spoofed",
+    }
+    obj["metadata"]["annotations"] = {
+        "infera.amd.com/owner": "alice",
+        "kubectl.kubernetes.io/last-applied-configuration": "{}",
+    }
+    decode = obj["spec"]["services"]["decode"]
+    decode["podLabels"] = {"inferaTier": "silver", "rack": "r7", "infera.amd.com/deployment": "spoofed"}
+    decode["podAnnotations"] = {"infera.amd.com/owner": "bob", "prometheus.io/scrape": "true"}
+    answer = hooks.sync(obj)
+    template = children_by_key(answer)[("Deployment", "qwen-pd-decode")]["spec"]["template"]["metadata"]
+    assert template == {
+        "labels": {
+            "infera.amd.com/team": "search",  # infera* label of the InferaDeployment reaches the pods
+            "inferaTier": "silver",  # the service's podLabels win over the InferaDeployment's
+            "rack": "r7",
+            **labels("decode"),  # identity labels win over both
+            "infera.amd.com/component": "worker",
+        },
+        "annotations": {"infera.amd.com/owner": "bob", "prometheus.io/scrape": "true"},
+    }
+    prefill = children_by_key(answer)[("Deployment", "qwen-pd-prefill")]["spec"]["template"]["metadata"]
+    assert prefill["labels"]["inferaTier"] == "gold"
+    assert "team" not in prefill["labels"]
+    assert prefill["annotations"] == {"infera.amd.com/owner": "alice"}
+    # Child objects themselves carry only identity labels: selectors and names never drift.
+    assert children_by_key(answer)[("Deployment", "qwen-pd-decode")]["metadata"]["labels"] == labels("decode")
+
+
+def test_v1_and_v2_requests_answer_the_same(hooks) -> None:
+    obj = pd_parent()
+    first = hooks.sync(obj, version="v2")
+    deployment = copy.deepcopy(children_by_key(first)[("Deployment", "qwen-pd-server")])
+    deployment["metadata"]["namespace"] = "ml"
+    deployment["status"] = {"replicas": 1, "readyReplicas": 1}
+    v1 = hooks.sync(obj, [deployment], version="v1")
+    v2 = hooks.sync(obj, [deployment], version="v2")
+    assert v1 == v2
+    assert v2["status"]["services"]["server"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
+
+
+def test_same_request_gives_byte_identical_answers(hooks) -> None:
+    from tests.conftest import request_body
+
+    body = request_body(pd_parent())
+    replies = {hooks.post("/sync", body).body for _ in range(6)}  # spread over both workers
+    assert len(replies) == 1
