@@ -267,7 +267,7 @@ class InferaDeploymentSpec(ApiModel):
                 raise ValueError(f"gaie.{' and gaie.'.join(missing)} required when gaie.enabled")
         for name, service in self.services.items():
             if not (service.image or self.image or service.extra_pod_spec):
-                raise ValueError(f"services.{name}: no image: set spec.image or services.{name}.image")
+                raise ValueError(f"services.{name} has no image: set spec.image or services.{name}.image")
         return self
 
 

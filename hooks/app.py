@@ -66,7 +66,7 @@ def create_app() -> Flask:
     def http_error(error: HTTPException) -> Response:
         response = error_response(error.code or 500, error.description or error.name)
         if error.code == 405:
-            response.headers["Allow"] = ", ".join(error.valid_methods or [])
+            response.headers["Allow"] = ", ".join(sorted(error.valid_methods or []))
         return response
 
     return app

@@ -18,7 +18,9 @@ def describe_validation_error(error: ValidationError) -> str:
     problems = []
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"])
-        problems.append(f"{path}: {item['msg']}" if path else item["msg"])
+        # Our own rules already say what is wrong; pydantic would prefix "Value error, ".
+        message = str(item["ctx"]["error"]) if item["type"] == "value_error" else item["msg"]
+        problems.append(f"{path}: {message}" if path else message)
     return "; ".join(problems)
 
 

@@ -1,0 +1,197 @@
+"""The Metacontroller wire contract and bad input, through the real service over HTTP."""
+
+import http.client
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SHARED, need, parent, request_body
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+
+
+def applied(child: dict) -> dict:
+    """A child as Metacontroller stores it after applying it: server fields plus last-applied."""
+    stored = json.loads(json.dumps(child))
+    stored["metadata"].update(
+        namespace="ml",
+        uid="c4d5e6f7-0819-4a2b-bc3d-4e5f60718293",
+        resourceVersion="48190",
+        annotations={"metacontroller.k8s.io/last-applied-configuration": json.dumps(child)},
+    )
+    stored["status"] = {"replicas": 1, "readyReplicas": 0}
+    return stored
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b"{not json", "request body is not valid JSON"),
+        (b"[]", "the request body must be a JSON object"),
+        (b"{}", "'parent' is missing or not an object"),
+        (b'{"parent": "qwen"}', "'parent' is missing or not an object"),
+        (b'{"parent": {"spec": {}}}', "'parent.metadata.name' is missing"),
+        (b'{"parent": {"metadata": {"name": "a"}}, "children": []}', "'children' must be an object"),
+        (b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": 1}}}',
+         "'children.Deployment.apps/v1.x' must be a Kubernetes object"),
+        (b'{"parent": {"metadata": {"name": "a"}}, "finalizing": "yes"}', "'finalizing' must be a boolean"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/sync", "/finalize"])
+def test_malformed_requests_get_400(hooks, path: str, body: bytes, error: str) -> None:
+    reply = hooks.request("POST", path, body)
+    assert reply.status == 400
+    assert reply.headers["Content-Type"] == "application/json"
+    assert reply.json["error"].startswith(error)
+
+
+def test_wrong_method_content_type_and_size(hooks) -> None:
+    reply = hooks.request("GET", "/sync")
+    assert (reply.status, reply.headers["Allow"]) == (405, "OPTIONS, POST")
+    assert "error" in reply.json
+    assert hooks.request("GET", "/nowhere").status == 404
+    reply = hooks.request("POST", "/sync", b"parent=x", content_type="application/x-www-form-urlencoded")
+    assert reply.status == 415 and "application/json" in reply.json["error"]
+
+
+def test_oversized_body_is_refused_before_it_is_read(hook_url: str) -> None:
+    host, port = hook_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/sync")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(33 * 1024 * 1024))
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413
+    assert "error" in json.loads(response.read())
+    connection.close()
+
+
+def test_health_endpoints(hooks) -> None:
+    assert hooks.request("GET", "/healthz").json == {"status": "ok"}
+    assert hooks.request("GET", "/readyz").json == {"status": "ready"}
+
+
+def test_answer_has_only_status_and_children(hooks) -> None:
+    answer = hooks.sync(parent(PD))
+    assert set(answer) == {"status", "children"}
+
+
+def test_status_initializing_pending_ready(hooks) -> None:
+    obj = parent(PD)
+    first = hooks.sync(obj)
+    assert first["status"] == {
+        "state": "initializing",
+        "message": "creating 3 services",
+        "readyServices": "0/3",
+        "services": {
+            "decode": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+            "prefill": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+            "server": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+        },
+    }
+    observed = [applied(child) for child in first["children"]]
+    pending = hooks.sync(obj, observed)
+    assert pending["status"]["state"] == "pending"
+    assert pending["status"]["message"] == (
+        "decode 0/1 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services"
+    )
+    for child in observed:
+        if child["kind"] == "Deployment":
+            child["status"]["readyReplicas"] = 1
+    ready = hooks.sync(obj, observed)
+    assert ready["status"]["state"] == "ready"
+    assert ready["status"]["readyServices"] == "3/3"
+    assert ready["status"]["message"] == "all 3 services ready"
+    assert ready["children"] == first["children"]
+
+
+def test_zero_replicas_blocks_nothing(hooks) -> None:
+    obj = parent(PD)
+    obj["spec"]["services"]["decode"]["replicas"] = 0
+    observed = [applied(child) for child in hooks.sync(obj)["children"]]
+    for child in observed:
+        if child["kind"] == "Deployment":
+            child["status"]["readyReplicas"] = child["spec"]["replicas"]
+    assert hooks.sync(obj, observed)["status"]["state"] == "ready"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"backendFramework": "tensorrt"}, "spec.backendFramework: Input should be 'sglang' or 'vllm'"),
+        ({"discoveryBackend": "etcd"}, "spec: etcdEndpoint is required when discoveryBackend is etcd"),
+        ({"services": {"server": {"componentType": "server", "image": "x"}}}, "at least one worker"),
+        ({"services": {"Decode": {"componentType": "worker", "image": "x"}}}, "spec.services: service name 'Decode' must be a DNS label"),
+        ({"services": {"decode": {"componentType": "worker", "replicas": -1, "image": "x"}}},
+         "spec.services.decode.replicas: Input should be greater than or equal to 0"),
+        ({"services": {"decode": {"componentType": "worker", "image": "x", "resources": {"memory": "lots"}}}},
+         "spec.services.decode.resources.memory: 'lots' is not a Kubernetes quantity"),
+        ({"image": None}, "spec: services.server has no image: set spec.image or services.server.image"),
+        ({"unknownField": 1}, "spec.unknownField: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_spec_fails_in_status_and_keeps_every_child(hooks, change: dict, message: str) -> None:
+    good = parent(PD)
+    observed = [applied(child) for child in hooks.sync(good)["children"]]
+    bad = parent(PD)
+    bad["spec"].update(change)
+    bad["spec"] = {k: v for k, v in bad["spec"].items() if v is not None}
+    answer = hooks.sync(bad, observed)
+    assert answer["status"]["state"] == "failed"
+    assert message in answer["status"]["message"]
+    # Exactly what was last applied comes back: Metacontroller changes and deletes nothing.
+    kept = [json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed]
+    key = lambda child: (child["kind"], child["metadata"]["name"])  # noqa: E731
+    assert sorted(answer["children"], key=key) == sorted(kept, key=key)
+
+
+def test_child_without_last_applied_is_kept_without_server_fields(hooks) -> None:
+    bad = parent(PD)
+    bad["spec"]["backendFramework"] = "tensorrt"
+    adopted = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "qwen-pd-disc", "namespace": "ml", "uid": "u", "resourceVersion": "9",
+                     "labels": {"a": "b"}},
+        "secrets": [{"name": "token"}],
+    }
+    answer = hooks.sync(bad, [adopted])
+    assert answer["children"] == [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "qwen-pd-disc", "namespace": "ml", "labels": {"a": "b"}},
+         "secrets": [{"name": "token"}]}
+    ]
+
+
+def test_not_yet_rendered_features_fail_loudly(hooks) -> None:
+    obj = parent(PD)
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    answer = hooks.sync(obj)
+    assert answer["status"]["state"] == "failed"
+    assert "services.decode.numberOfNodes > 1" in answer["status"]["message"]
+
+
+def test_finalize_releases_children_then_finalizes(hooks) -> None:
+    obj = parent(PD)
+    observed = [applied(child) for child in hooks.sync(obj)["children"]]
+    deleting = hooks.hook("/finalize", request_body(obj, observed, finalizing=True))
+    assert deleting == {
+        "status": {"state": "terminating", "message": "deleting 9 children"},
+        "children": [],
+        "finalized": False,
+    }
+    done = hooks.hook("/finalize", request_body(obj, [], finalizing=True))
+    assert done["finalized"] is True and done["children"] == []
+
+
+def test_metacontroller_sample_envelopes_parse(hooks) -> None:
+    """The envelope exactly as Metacontroller v4.17 serialises it, with our parent inside."""
+    samples = SHARED / "metacontroller"
+    need(samples.is_dir(), f"Metacontroller sample bodies not found at {samples}")
+    for name, path in (("sync_request_v2.json", "/sync"), ("finalize_request_v2.json", "/finalize")):
+        body = json.loads(Path(samples / name).read_text())
+        body["parent"] = parent(PD) | {"metadata": body["parent"]["metadata"]}
+        reply = hooks.post(path, body)
+        assert reply.status == 200, reply.body
+        assert set(reply.json) <= {"status", "children", "resyncAfterSeconds", "finalized"}
