@@ -30,15 +30,15 @@ def _structural(node: Any, definitions: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     node = dict(node)
-    if "$ref" in node:
-        referenced = definitions[node.pop("$ref").rsplit("/", 1)[-1]]
-        node = {**referenced, **node}  # the field's own description wins over the model's
     options = node.get("anyOf")
     if options is not None:
         non_null = [option for option in options if option.get("type") != "null"]
         if len(non_null) < len(options):  # Optional[X]: absent, never null
             node.pop("anyOf")
             node = {**non_null[0], **node} if len(non_null) == 1 else {**node, "anyOf": non_null}
+    if "$ref" in node:
+        referenced = definitions[node.pop("$ref").rsplit("/", 1)[-1]]
+        node = {**referenced, **node}  # the field's own description wins over the model's
     for dropped in ("title", "$defs"):
         node.pop(dropped, None)
     if node.get("additionalProperties") is False:

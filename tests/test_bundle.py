@@ -1,0 +1,80 @@
+"""`kubectl apply -k .`: what the install bundle renders, validated object by object."""
+
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, RESOURCE_KINDS, need_kubectl, need_schemas, validate_object
+
+
+@pytest.fixture(scope="module")
+def bundle() -> dict[tuple[str, str], dict[str, Any]]:
+    kubectl = need_kubectl()
+    rendered = subprocess.run([kubectl, "kustomize", str(REPO)], capture_output=True, text=True, check=True).stdout
+    objects = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    return {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}
+
+
+def test_bundle_contents(bundle) -> None:
+    assert sorted(bundle) == [
+        ("CompositeController", "inferadeployment-controller"),
+        ("CustomResourceDefinition", "inferadeployments.infera.amd.com"),
+        ("Deployment", "infera-hooks"),
+        ("Namespace", "infera-system"),
+        ("Service", "infera-hooks"),
+        ("ServiceAccount", "infera-hooks"),
+    ]
+    for (kind, _), obj in bundle.items():
+        if kind not in ("CompositeController", "CustomResourceDefinition", "Namespace"):
+            assert obj["metadata"]["namespace"] == "infera-system"
+
+
+def test_every_bundle_object_validates(bundle) -> None:
+    need_schemas()  # the CompositeController is checked against Metacontroller's own CRD
+    for obj in bundle.values():
+        validate_object(obj)
+
+
+def test_composite_controller_registers_exactly_the_core_kinds(bundle) -> None:
+    spec = bundle[("CompositeController", "inferadeployment-controller")]["spec"]
+    assert spec["generateSelector"] is True
+    assert spec["parentResource"] == {"apiVersion": "infera.amd.com/v1alpha1", "resource": "inferadeployments"}
+    assert [(c["apiVersion"], c["resource"]) for c in spec["childResources"]] == [
+        ("apps/v1", "deployments"),
+        ("v1", "services"),
+        ("apps/v1", "statefulsets"),
+        ("v1", "serviceaccounts"),
+        ("rbac.authorization.k8s.io/v1", "roles"),
+        ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    ]
+    assert all(c["updateStrategy"] == {"method": "InPlace"} for c in spec["childResources"])
+    assert all(c["resource"] in RESOURCE_KINDS for c in spec["childResources"])
+    for hook in ("sync", "finalize"):
+        assert spec["hooks"][hook]["version"] == "v2"
+        assert spec["hooks"][hook]["webhook"]["url"] == f"http://infera-hooks.infera-system/{hook}"
+        assert spec["hooks"][hook]["webhook"]["timeout"] == "10s"
+
+
+def test_hook_deployment_is_locked_down_and_probed(bundle) -> None:
+    deployment = bundle[("Deployment", "infera-hooks")]
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["image"] == "infera-hooks:0.1.0"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert set(container["resources"]) == {"requests", "limits"}
+    service = bundle[("Service", "infera-hooks")]["spec"]
+    assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_bundle_crd_is_the_generated_one(bundle) -> None:
+    committed = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
+    assert bundle[("CustomResourceDefinition", "inferadeployments.infera.amd.com")] == committed
