@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from hooks import status
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
+from hooks.immutable import keep_immutable_fields
 from hooks.renderers import render_children
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,13 @@ def sync(request: HookRequest) -> dict[str, Any]:
     try:
         idep = parse_parent(request.parent)
         children = render_children(idep)
+        notices = keep_immutable_fields(children, request.children)
     except SpecError as error:
         return _keep_observed(request, str(error))
     except Exception as error:  # a renderer bug must not delete a running fleet either
         log.exception("rendering %s failed", request.parent["metadata"]["name"])
         return _keep_observed(request, f"internal error while rendering: {error}")
-    return {"status": status.roll_up(idep, request.children), "children": children}
+    return {"status": status.roll_up(idep, request.children, notices), "children": children}
 
 
 def _keep_observed(request: HookRequest, message: str) -> dict[str, Any]:

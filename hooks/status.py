@@ -34,7 +34,7 @@ def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, 
     return statuses
 
 
-def roll_up(idep: InferaDeployment, observed: list[dict]) -> dict[str, Any]:
+def roll_up(idep: InferaDeployment, observed: list[dict], notices: list[str] = ()) -> dict[str, Any]:
     services = service_statuses(idep, observed)
     # Readiness is judged against the spec: a replica that was never created is not ready.
     waiting = {
@@ -55,7 +55,7 @@ def roll_up(idep: InferaDeployment, observed: list[dict]) -> dict[str, Any]:
         state, message = "ready", f"all {total} services ready"
     return {
         "state": state,
-        "message": message,
+        "message": "; ".join([message, *notices]),
         "readyServices": f"{total - len(waiting)}/{total}",
         "services": services,
     }

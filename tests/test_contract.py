@@ -195,3 +195,19 @@ def test_metacontroller_sample_envelopes_parse(hooks) -> None:
         reply = hooks.post(path, body)
         assert reply.status == 200, reply.body
         assert set(reply.json) <= {"status", "children", "resyncAfterSeconds", "finalized"}
+
+
+def test_immutable_claim_template_is_kept_and_reported(hooks) -> None:
+    obj = parent(PD)
+    observed = [applied(child) for child in hooks.sync(obj)["children"]]
+    obj["spec"]["nats"] = {"deploy": True, "storageSize": "20Gi"}
+    answer = hooks.sync(obj, observed)
+    (statefulset,) = [c for c in answer["children"] if c["kind"] == "StatefulSet"]
+    claim = statefulset["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "4Gi"
+    assert answer["status"]["message"].endswith(
+        "nats.storageSize/storageClassName change not applied to StatefulSet qwen-pd-nats: "
+        "spec.volumeClaimTemplates is immutable (delete the StatefulSet to recreate it)"
+    )
+    # A new graph gets the new size.
+    assert "20Gi" in str(hooks.sync(obj)["children"])
