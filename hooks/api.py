@@ -34,6 +34,61 @@ DEFAULT_FRONTEND_PORT = 8000
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
+# Children are named <idep>-<service>. Services (and the label values derived from names) are
+# DNS-1035 labels of at most 63 characters; StatefulSet and LeaderWorkerSet pods also carry a
+# controller-revision-hash label `<name>-<hash>` that must fit in 63, so those names stay <= 52.
+MAX_CHILD_NAME = 63
+MAX_SET_NAME = 52
+# Suffixes of the operator's own children: a service with one of these names would collide.
+RESERVED_SERVICE_NAMES = ("nats", "disc", "epp")
+MAX_SERVICES = 256
+
+# Cross-field rules, enforced twice with the same message: by the API server (CEL, at
+# `kubectl apply`) and by the hook (for objects stored before the CRD had the rule).
+ETCD_ENDPOINT_RULE = "etcdEndpoint is required when discoveryBackend is etcd: set spec.etcdEndpoint, e.g. etcd:2379"
+GAIE_REQUIRED_RULE = "gaie.tokenizerPath and gaie.gatewayName are required when gaie.enabled is true"
+SERVER_ROLE_RULE = "role applies to workers only: remove role from a server (or set it to mixed)"
+ONE_WORKER_RULE = "services must contain at least one worker (componentType: worker)"
+RESERVED_NAMES_RULE = (
+    "service names nats, disc and epp are reserved for the operator's own children: rename the service"
+)
+CHILD_NAME_RULE = (
+    f"<metadata.name>-<service> must be at most {MAX_CHILD_NAME} characters (it names the service's "
+    "children): shorten the InferaDeployment or the service name"
+)
+MULTINODE_NAME_RULE = (
+    f"<metadata.name>-<service> must be at most {MAX_SET_NAME} characters for a multi-node service "
+    "(its LeaderWorkerSet pods carry a revision-hash label): shorten the InferaDeployment or the service name"
+)
+NATS_NAME_RULE = (
+    f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
+    f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
+)
+
+
+def cel(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+# Rules on the whole object: only there can CEL see metadata.name next to the spec.
+ROOT_VALIDATIONS = [
+    cel(f"self.spec.services.all(s, size(self.metadata.name) + 1 + size(s) <= {MAX_CHILD_NAME})", CHILD_NAME_RULE),
+    cel(
+        "self.spec.services.all(s, !has(self.spec.services[s].numberOfNodes) || "
+        f"self.spec.services[s].numberOfNodes <= 1 || size(self.metadata.name) + 1 + size(s) <= {MAX_SET_NAME})",
+        MULTINODE_NAME_RULE,
+    ),
+    cel(
+        "(has(self.spec.nats) && has(self.spec.nats.deploy) && !self.spec.nats.deploy) || "
+        f"size(self.metadata.name) + {len('-nats')} <= {MAX_SET_NAME}",
+        NATS_NAME_RULE,
+    ),
+]
+
+
+def with_validations(*rules: dict[str, str]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
+
 
 class SpecError(ValueError):
     """The spec is well-typed but cannot be rendered; reported in status, never as an HTTP error."""
@@ -113,6 +168,10 @@ class GaieSpec(ApiModel):
     """Gateway API Inference Extension front door: EPP, InferencePool, HTTPRoute and a frontend
     sidecar in every worker pod."""
 
+    model_config = with_validations(
+        cel("!has(self.enabled) || !self.enabled || (has(self.tokenizerPath) && has(self.gatewayName))", GAIE_REQUIRED_RULE)
+    )
+
     enabled: bool = False
     """Create the Endpoint Picker, InferencePool and HTTPRoute and inject the frontend sidecar."""
     epp_image: str | None = None
@@ -180,9 +239,14 @@ class ChildPatch(ApiModel):
 class ServiceSpec(ApiModel):
     """One component of the graph: the router server or a pool of GPU workers."""
 
-    component_type: Literal["server", "worker"]
+    model_config = with_validations(
+        cel("self.componentType == 'worker' || !has(self.role) || self.role == 'mixed'", SERVER_ROLE_RULE)
+    )
+
+    # maxLength bounds the CEL cost estimate of rules comparing these strings.
+    component_type: Annotated[Literal["server", "worker"], Field(json_schema_extra={"maxLength": 6})]
     """server: the OpenAI-compatible router (no GPU). worker: a GPU engine pool."""
-    role: Literal["mixed", "prefill", "decode"] = "mixed"
+    role: Annotated[Literal["mixed", "prefill", "decode"], Field(json_schema_extra={"maxLength": 7})] = "mixed"
     """Disaggregation role of a worker pool."""
     replicas: Annotated[int, Field(ge=0)] = 1
     """Pods (single-node) or groups (multi-node)."""
@@ -210,6 +274,12 @@ class ServiceSpec(ApiModel):
     pod_annotations: dict[str, str] | None = None
     """Annotations copied onto this service's pods; they win over the InferaDeployment's."""
 
+    @model_validator(mode="after")
+    def _server_has_no_role(self) -> "ServiceSpec":
+        if not self.is_worker and self.role != "mixed":
+            raise ValueError(SERVER_ROLE_RULE)
+        return self
+
     @property
     def is_worker(self) -> bool:
         return self.component_type == "worker"
@@ -224,11 +294,15 @@ class ServiceSpec(ApiModel):
 class InferaDeploymentSpec(ApiModel):
     """The desired inference graph."""
 
+    model_config = with_validations(
+        cel("!has(self.discoveryBackend) || self.discoveryBackend != 'etcd' || has(self.etcdEndpoint)", ETCD_ENDPOINT_RULE)
+    )
+
     backend_framework: Literal["sglang", "vllm"] = "sglang"
     """Engine of the workers: runs the module infera.engine.<backendFramework>."""
     image: str | None = None
     """Default container image of every service."""
-    discovery_backend: Literal["kubernetes", "etcd"] = "kubernetes"
+    discovery_backend: Annotated[Literal["kubernetes", "etcd"], Field(json_schema_extra={"maxLength": 10})] = "kubernetes"
     """How the server finds workers: kubernetes (watches this graph's pods) or etcd."""
     etcd_endpoint: str | None = None
     """External etcd for discovery, e.g. etcd:2379. Required when discoveryBackend is etcd."""
@@ -238,7 +312,19 @@ class InferaDeploymentSpec(ApiModel):
     """Gateway API Inference Extension integration."""
     envs: list[EnvVar] | None = None
     """Environment variables of every service."""
-    services: dict[str, ServiceSpec]
+    services: Annotated[
+        dict[str, ServiceSpec],
+        Field(
+            min_length=1,
+            max_length=MAX_SERVICES,
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    cel("self.exists(s, self[s].componentType == 'worker')", ONE_WORKER_RULE),
+                    cel(" && ".join(f"!('{name}' in self)" for name in RESERVED_SERVICE_NAMES), RESERVED_NAMES_RULE),
+                ]
+            },
+        ),
+    ]
     """The graph's components by name; pods and children are named <idep>-<service>."""
     patches: list[ChildPatch] | None = None
     """RFC 6902 patches applied to rendered children, for what the API does not model."""
@@ -257,14 +343,14 @@ class InferaDeploymentSpec(ApiModel):
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "InferaDeploymentSpec":
         if self.discovery_backend == "etcd" and not self.etcd_endpoint:
-            raise ValueError("etcdEndpoint is required when discoveryBackend is etcd")
+            raise ValueError(ETCD_ENDPOINT_RULE)
         if not any(s.is_worker for s in self.services.values()):
-            raise ValueError("services must contain at least one worker")
-        if self.gaie.enabled:
-            required = {"tokenizerPath": self.gaie.tokenizer_path, "gatewayName": self.gaie.gateway_name}
-            missing = [field for field, value in required.items() if not value]
-            if missing:
-                raise ValueError(f"gaie.{' and gaie.'.join(missing)} required when gaie.enabled")
+            raise ValueError(ONE_WORKER_RULE)
+        reserved = sorted(set(self.services) & set(RESERVED_SERVICE_NAMES))
+        if reserved:
+            raise ValueError(f"{RESERVED_NAMES_RULE} (found {', '.join(reserved)})")
+        if self.gaie.enabled and not (self.gaie.tokenizer_path and self.gaie.gateway_name):
+            raise ValueError(GAIE_REQUIRED_RULE)
         for name, service in self.services.items():
             if not (service.image or self.image or service.extra_pod_spec):
                 raise ValueError(f"services.{name} has no image: set spec.image or services.{name}.image")
@@ -345,7 +431,8 @@ class ParentMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    name: Annotated[str, Field(min_length=1)]
+    # Child Service names start with it, so it must be a DNS-1035 label, not just a DNS subdomain.
+    name: Annotated[str, Field(min_length=1, max_length=MAX_CHILD_NAME, pattern=DNS_LABEL.pattern)]
     namespace: str = "default"
     uid: str = ""
     generation: int = 0
@@ -360,6 +447,18 @@ class InferaDeployment(BaseModel):
 
     metadata: ParentMeta
     spec: InferaDeploymentSpec
+
+    @model_validator(mode="after")
+    def _name_lengths(self) -> "InferaDeployment":
+        for service, svc in sorted(self.spec.services.items()):
+            child = f"{self.name}-{service}"
+            if len(child) > MAX_CHILD_NAME:
+                raise ValueError(f"{CHILD_NAME_RULE} ({child} has {len(child)})")
+            if svc.number_of_nodes > 1 and len(child) > MAX_SET_NAME:
+                raise ValueError(f"{MULTINODE_NAME_RULE} ({child} has {len(child)})")
+        if self.spec.nats.deploy and len(self.name) + len("-nats") > MAX_SET_NAME:
+            raise ValueError(NATS_NAME_RULE)
+        return self
 
     @property
     def name(self) -> str:

@@ -9,7 +9,15 @@ from typing import Any
 
 import yaml
 
-from hooks.api import GROUP, KIND, PLURAL, VERSION, InferaDeploymentSpec, InferaDeploymentStatus
+from hooks.api import (
+    GROUP,
+    KIND,
+    PLURAL,
+    ROOT_VALIDATIONS,
+    VERSION,
+    InferaDeploymentSpec,
+    InferaDeploymentStatus,
+)
 
 CRD_PATH = "crds/infera.amd.com_inferadeployments.yaml"
 
@@ -89,6 +97,7 @@ def crd() -> dict[str, Any]:
                                 "status": structural_schema(InferaDeploymentStatus),
                             },
                             "required": ["spec"],
+                            "x-kubernetes-validations": ROOT_VALIDATIONS,
                         }
                     },
                 }

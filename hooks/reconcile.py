@@ -35,23 +35,35 @@ def parse_parent(parent: dict[str, Any]) -> InferaDeployment:
         raise SpecError(f"invalid spec: {describe_validation_error(error)}") from None
 
 
-def sync(request: HookRequest) -> dict[str, Any]:
+def _previous_status(request: HookRequest) -> dict[str, Any]:
+    previous = request.parent.get("status")
+    return previous if isinstance(previous, dict) else {}
+
+
+def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
     try:
         idep = parse_parent(request.parent)
         children = render_children(idep)
         notices = keep_immutable_fields(children, request.children)
     except SpecError as error:
-        return _keep_observed(request, str(error))
+        return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
         log.exception("rendering %s failed", request.parent["metadata"]["name"])
-        return _keep_observed(request, f"internal error while rendering: {error}")
-    return {"status": status.roll_up(idep, request.children, notices), "children": children}
-
-
-def _keep_observed(request: HookRequest, message: str) -> dict[str, Any]:
-    """A bad spec fails loudly in status and keeps every observed child exactly as applied."""
+        return _keep_observed(request, f"internal error while rendering: {error}", now)
     return {
-        "status": status.failed(message),
+        "status": status.roll_up(idep, request.children, _previous_status(request), now, notices),
+        "children": children,
+    }
+
+
+def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> dict[str, Any]:
+    """A bad spec fails loudly in status and keeps every observed child exactly as applied,
+    creating nothing new."""
+    generation = request.parent["metadata"].get("generation")
+    return {
+        "status": status.failed(
+            message, generation if isinstance(generation, int) else 0, _previous_status(request), now
+        ),
         "children": [as_last_applied(child) for child in request.children],
     }
 

@@ -1,9 +1,12 @@
-"""Status roll-up: the parent's status as a deterministic function of spec and observed children.
+"""Status roll-up: the parent's status as a deterministic function of the request.
 
-Metacontroller writes the status only when it changed, and every write triggers another sync,
-so nothing here may depend on the clock or on dict order.
+Metacontroller writes the status only when it changed, and every write triggers another sync.
+So nothing here depends on dict order, and the clock is read only when a condition actually
+changes status; otherwise its lastTransitionTime is carried over from the parent's status.
 """
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from hooks.api import InferaDeployment
@@ -12,12 +15,34 @@ from hooks.renderers.common import child_name
 
 WORKLOAD_KINDS = ("Deployment",)
 
+Clock = Callable[[], str]
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 def _as_int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _condition(
+    kind: str, status: str, reason: str, message: str, generation: int, previous: dict[str, Any], now: Clock
+) -> dict[str, Any]:
+    prior = next((c for c in previous.get("conditions") or [] if isinstance(c, dict) and c.get("type") == kind), {})
+    unchanged = prior.get("status") == status and isinstance(prior.get("lastTransitionTime"), str)
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": prior["lastTransitionTime"] if unchanged else now(),
+    }
+
+
 def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, dict]:
+    """Each service's workload kind and counts as the workload reports them."""
     by_key = {child_key(child): child for child in observed}
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
@@ -34,7 +59,14 @@ def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, 
     return statuses
 
 
-def roll_up(idep: InferaDeployment, observed: list[dict], notices: list[str] = ()) -> dict[str, Any]:
+def roll_up(
+    idep: InferaDeployment,
+    observed: list[dict],
+    previous: dict[str, Any],
+    now: Clock,
+    notices: list[str] = (),
+) -> dict[str, Any]:
+    generation = idep.metadata.generation
     services = service_statuses(idep, observed)
     # Readiness is judged against the spec: a replica that was never created is not ready.
     waiting = {
@@ -44,22 +76,38 @@ def roll_up(idep: InferaDeployment, observed: list[dict], notices: list[str] = (
     }
     total = len(services)
     if not observed:
-        state, message = "initializing", f"creating {total} services"
+        state, reason, message = "initializing", "Initializing", f"creating {total} services"
     elif waiting:
         details = "; ".join(
             f"{service} {status['readyReplicas']}/{idep.spec.services[service].replicas} ready"
             for service, status in waiting.items()
         )
-        state, message = "pending", f"{details}; waiting on {len(waiting)} of {total} services"
+        state, reason, message = "pending", "ServicesNotReady", f"{details}; waiting on {len(waiting)} of {total} services"
     else:
-        state, message = "ready", f"all {total} services ready"
+        state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"
+    spec_message = "; ".join(notices) if notices else "spec is valid and rendered"
     return {
         "state": state,
         "message": "; ".join([message, *notices]),
         "readyServices": f"{total - len(waiting)}/{total}",
         "services": services,
+        "conditions": [
+            _condition("Ready", "True" if state == "ready" else "False", reason, message, generation, previous, now),
+            _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
+        ],
     }
 
 
-def failed(message: str) -> dict[str, Any]:
-    return {"state": "failed", "message": message}
+def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> dict[str, Any]:
+    """A spec that cannot be rendered: say what is wrong; readiness is not judged meanwhile."""
+    return {
+        "state": "failed",
+        "message": message,
+        "conditions": [
+            _condition(
+                "Ready", "Unknown", "SpecInvalid", "readiness is not evaluated while the spec is invalid; "
+                "running children are kept as they are", generation, previous, now,
+            ),
+            _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),
+        ],
+    }

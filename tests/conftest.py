@@ -5,6 +5,7 @@ INFERA_REQUIRE_ALL=1 (set by .ci/run) such a skip is a failure, so CI cannot pas
 """
 
 import copy
+import functools
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -65,6 +67,18 @@ def validate_object(obj: dict[str, Any]) -> None:
     """Core kinds against Kubernetes' own schema; CRD kinds against their CRD (ours or upstream)."""
     dirs = [REPO / "crds"] + ([SCHEMAS] if SCHEMAS.is_dir() else [])
     schemas.validate(obj, dirs)
+
+
+@functools.cache
+def _status_schema() -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
+    return jsonschema.Draft7Validator(schemas.crd_schema(crd)["properties"]["status"])
+
+
+def validate_status(status: dict[str, Any]) -> None:
+    """The status must fit the CRD exactly: a field the API server prunes differs on every sync."""
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _status_schema().iter_errors(status)]
+    assert not errors, f"status does not fit the CRD: {errors}"
 
 
 def load_yaml(path: Path) -> list[dict[str, Any]]:
@@ -152,6 +166,7 @@ class HookClient:
         assert isinstance(answer["children"], list)
         for child in answer["children"]:
             validate_object(child)
+        validate_status(answer["status"])
         return answer
 
     def sync(self, parent_obj: dict[str, Any], observed: list[dict[str, Any]] = (), version: str = "v2") -> dict[str, Any]:

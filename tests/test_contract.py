@@ -78,45 +78,6 @@ def test_answer_has_only_status_and_children(hooks) -> None:
     assert set(answer) == {"status", "children"}
 
 
-def test_status_initializing_pending_ready(hooks) -> None:
-    obj = parent(PD)
-    first = hooks.sync(obj)
-    assert first["status"] == {
-        "state": "initializing",
-        "message": "creating 3 services",
-        "readyServices": "0/3",
-        "services": {
-            "decode": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
-            "prefill": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
-            "server": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
-        },
-    }
-    observed = [applied(child) for child in first["children"]]
-    pending = hooks.sync(obj, observed)
-    assert pending["status"]["state"] == "pending"
-    assert pending["status"]["message"] == (
-        "decode 0/1 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services"
-    )
-    for child in observed:
-        if child["kind"] == "Deployment":
-            child["status"]["readyReplicas"] = 1
-    ready = hooks.sync(obj, observed)
-    assert ready["status"]["state"] == "ready"
-    assert ready["status"]["readyServices"] == "3/3"
-    assert ready["status"]["message"] == "all 3 services ready"
-    assert ready["children"] == first["children"]
-
-
-def test_zero_replicas_blocks_nothing(hooks) -> None:
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["replicas"] = 0
-    observed = [applied(child) for child in hooks.sync(obj)["children"]]
-    for child in observed:
-        if child["kind"] == "Deployment":
-            child["status"]["readyReplicas"] = child["spec"]["replicas"]
-    assert hooks.sync(obj, observed)["status"]["state"] == "ready"
-
-
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -141,6 +102,9 @@ def test_bad_spec_fails_in_status_and_keeps_every_child(hooks, change: dict, mes
     answer = hooks.sync(bad, observed)
     assert answer["status"]["state"] == "failed"
     assert message in answer["status"]["message"]
+    spec_valid = next(c for c in answer["status"]["conditions"] if c["type"] == "SpecValid")
+    assert (spec_valid["status"], spec_valid["reason"]) == ("False", "InvalidSpec")
+    assert message in spec_valid["message"]
     # Exactly what was last applied comes back: Metacontroller changes and deletes nothing.
     kept = [json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed]
     key = lambda child: (child["kind"], child["metadata"]["name"])  # noqa: E731

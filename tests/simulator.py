@@ -1,0 +1,132 @@
+"""A small Metacontroller for the tests: applies hook answers the way Metacontroller v4.17 does.
+
+It creates desired children (adding uid, resourceVersion, ownerReference, the controller-uid
+label and the last-applied annotation), updates a child only when the desired object differs
+from its last-applied configuration, deletes children the answer leaves out, writes the parent
+status only when it changed, and records every write so tests can count them.
+"""
+
+import copy
+import itertools
+import json
+from typing import Any, Callable
+
+from tests.conftest import RESOURCE_KINDS, HookClient, controller, parent, request_body
+
+LAST_APPLIED = "metacontroller.k8s.io/last-applied-configuration"
+
+Write = tuple[str, str, str]  # (create | update | delete | status, kind, name)
+
+
+class Metacontroller:
+    def __init__(self, client: HookClient, idep: Any, composite: dict[str, Any] | None = None) -> None:
+        self.client = client
+        self.composite = composite or controller()
+        self.parent = parent(idep)
+        self.parent.setdefault("status", {})
+        self.children: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[Write] = []
+        self.last_answer: dict[str, Any] = {}
+        self._versions = itertools.count(2000)
+        self._uids = itertools.count(1)
+        self.registered = {
+            (RESOURCE_KINDS[c["resource"]], c["apiVersion"]) for c in self.composite["spec"]["childResources"]
+        }
+
+    @property
+    def uid(self) -> str:
+        return self.parent["metadata"]["uid"]
+
+    @property
+    def namespace(self) -> str:
+        return self.parent["metadata"]["namespace"]
+
+    def body(self, finalizing: bool = False) -> dict[str, Any]:
+        return request_body(self.parent, list(self.children.values()), finalizing=finalizing, composite=self.composite)
+
+    def sync(self) -> list[Write]:
+        """One sync call; returns the writes it caused."""
+        start = len(self.writes)
+        answer = self.client.hook("/sync", self.body())
+        self.last_answer = answer
+        self._apply(answer["children"])
+        self._write_status(answer["status"])
+        return self.writes[start:]
+
+    def converge(self, max_rounds: int = 6) -> int:
+        """Sync until a round writes nothing; returns the number of rounds that wrote."""
+        for rounds in range(max_rounds):
+            if not self.sync():
+                return rounds
+        raise AssertionError(f"no convergence after {max_rounds} syncs: last writes {self.writes[-10:]}")
+
+    def edit(self, change: Callable[[dict[str, Any]], None]) -> None:
+        """A user edit of the spec: bumps metadata.generation like the API server."""
+        change(self.parent["spec"])
+        self.parent["metadata"]["generation"] += 1
+
+    def mark_ready(self, ready: Callable[[str, str], int | None] = lambda kind, name: None) -> None:
+        """Workloads report every desired replica ready (or `ready(kind, name)` of them)."""
+        for (kind, name), child in self.children.items():
+            if kind in ("Deployment", "StatefulSet", "LeaderWorkerSet"):
+                desired = child["spec"].get("replicas", 1)
+                count = ready(kind, name)
+                count = desired if count is None else count
+                child["status"] = {"replicas": desired, "readyReplicas": count, "observedGeneration": 1}
+
+    def _stamp(self, desired: dict[str, Any]) -> dict[str, Any]:
+        """What Metacontroller applies: the namespace and the generated selector's label added."""
+        stamped = copy.deepcopy(desired)
+        stamped["metadata"].setdefault("namespace", self.namespace)
+        stamped["metadata"].setdefault("labels", {})["controller-uid"] = self.uid
+        return stamped
+
+    def _apply(self, desired_children: list[dict[str, Any]]) -> None:
+        desired_keys = set()
+        for desired in desired_children:
+            key = (desired["kind"], desired["metadata"]["name"])
+            assert key not in desired_keys, f"duplicate child {key}"
+            assert (desired["kind"], desired["apiVersion"]) in self.registered, (
+                f"{key} is not a registered child kind: Metacontroller would fail the whole sync"
+            )
+            desired_keys.add(key)
+            stamped = self._stamp(desired)
+            existing = self.children.get(key)
+            if existing is None:
+                self.children[key] = self._stored(stamped, uid=f"child-{next(self._uids)}", status={})
+                self.writes.append(("create", *key))
+            elif json.loads(existing["metadata"]["annotations"][LAST_APPLIED]) != stamped:
+                self.children[key] = self._stored(stamped, uid=existing["metadata"]["uid"], status=existing.get("status", {}))
+                self.writes.append(("update", *key))
+        for key in sorted(set(self.children) - desired_keys):
+            del self.children[key]
+            self.writes.append(("delete", *key))
+
+    def _stored(self, stamped: dict[str, Any], uid: str, status: dict[str, Any]) -> dict[str, Any]:
+        stored = copy.deepcopy(stamped)
+        metadata = stored["metadata"]
+        metadata.setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
+        metadata.update(uid=uid, resourceVersion=str(next(self._versions)), generation=1)
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": self.parent["apiVersion"],
+                "kind": self.parent["kind"],
+                "name": self.parent["metadata"]["name"],
+                "uid": self.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        if status:
+            stored["status"] = status
+        return stored
+
+    def _write_status(self, status: dict[str, Any]) -> None:
+        # Metacontroller sets observedGeneration itself and skips a write that changes nothing.
+        new = {**status, "observedGeneration": self.parent["metadata"]["generation"]}
+        if new != self.parent["status"]:
+            self.parent["status"] = new
+            self.writes.append(("status", self.parent["kind"], self.parent["metadata"]["name"]))
+
+    def child_writes(self, writes: list[Write]) -> list[Write]:
+        return [write for write in writes if write[0] != "status"]

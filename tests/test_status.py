@@ -1,0 +1,126 @@
+"""The status contract: truthful states, stable conditions, integers, nothing the CRD would prune."""
+
+from typing import Any
+
+from tests.conftest import REPO, parent
+from tests.simulator import Metacontroller
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+LONG_AGO = "2026-01-01T00:00:00Z"
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_initializing_then_pending_then_ready(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.sync()
+    status = mc.parent["status"]
+    assert {k: v for k, v in status.items() if k != "conditions"} == {
+        "state": "initializing",
+        "message": "creating 3 services",
+        "readyServices": "0/3",
+        "observedGeneration": 1,
+        "services": {
+            "decode": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+            "prefill": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+            "server": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+        },
+    }
+    ready = conditions(status)["Ready"]
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("False", "Initializing", 1)
+
+    mc.converge()
+    assert mc.parent["status"]["state"] == "pending"
+    assert mc.parent["status"]["message"] == (
+        "decode 0/1 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services"
+    )
+    assert conditions(mc.parent["status"])["Ready"]["reason"] == "ServicesNotReady"
+
+    mc.mark_ready(lambda kind, name: 0 if name == "qwen-pd-decode" else None)
+    mc.converge()
+    assert mc.parent["status"]["message"] == "decode 0/1 ready; waiting on 1 of 3 services"
+    assert mc.parent["status"]["readyServices"] == "2/3"
+
+    mc.mark_ready()
+    mc.converge()
+    status = mc.parent["status"]
+    assert (status["state"], status["message"], status["readyServices"]) == ("ready", "all 3 services ready", "3/3")
+    assert conditions(status)["Ready"]["status"] == "True"
+    assert conditions(status)["SpecValid"] == {
+        **conditions(status)["SpecValid"],
+        "status": "True",
+        "reason": "Valid",
+        "message": "spec is valid and rendered",
+        "observedGeneration": 1,
+    }
+    assert all(isinstance(s["readyReplicas"], int) for s in status["services"].values())
+
+
+def test_never_created_replicas_are_not_ready_and_zero_blocks_nothing(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.edit(lambda spec: spec["services"]["decode"].update(replicas=0))
+    mc.converge()
+    # prefill asks for 1 and reports 0: never created (no free GPU) is not ready.
+    mc.mark_ready(lambda kind, name: 0 if name == "qwen-pd-prefill" else None)
+    mc.converge()
+    assert mc.parent["status"]["message"] == "prefill 0/1 ready; waiting on 1 of 3 services"
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready"
+    assert mc.parent["status"]["services"]["decode"] == {"kind": "Deployment", "replicas": 0, "readyReplicas": 0}
+
+
+def test_transition_time_carried_over_unless_status_changes(hooks) -> None:
+    obj = parent(PD)
+    obj["status"] = {
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "ServicesNotReady", "message": "old",
+             "observedGeneration": 1, "lastTransitionTime": LONG_AGO},
+            {"type": "SpecValid", "status": "True", "reason": "Valid", "message": "old",
+             "observedGeneration": 1, "lastTransitionTime": LONG_AGO},
+        ]
+    }
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    assert conditions(mc.parent["status"])["Ready"]["lastTransitionTime"] == LONG_AGO
+    assert conditions(mc.parent["status"])["SpecValid"]["lastTransitionTime"] == LONG_AGO
+    mc.mark_ready()
+    mc.converge()
+    ready = conditions(mc.parent["status"])["Ready"]
+    assert ready["status"] == "True" and ready["lastTransitionTime"] != LONG_AGO
+    assert conditions(mc.parent["status"])["SpecValid"]["lastTransitionTime"] == LONG_AGO
+
+
+def test_resync_of_unchanged_world_gives_byte_identical_status(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.mark_ready()
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    first = hooks.post("/sync", mc.body()).body
+    second = hooks.post("/sync", mc.body()).body
+    assert first == second
+    assert mc.sync() == []
+
+
+def test_failed_spec_status_and_recovery_conditions(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    mc.edit(lambda spec: spec["services"]["server"].update(role="decode"))
+    mc.converge()
+    status = mc.parent["status"]
+    assert status["state"] == "failed"
+    assert status["message"] == (
+        "invalid spec: spec.services.server: role applies to workers only: remove role from a server (or set it to mixed)"
+    )
+    assert conditions(status)["SpecValid"]["status"] == "False"
+    assert conditions(status)["Ready"]["status"] == "Unknown"
+    assert conditions(status)["Ready"]["observedGeneration"] == 2
+    mc.edit(lambda spec: spec["services"]["server"].pop("role"))
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready"
+    assert conditions(mc.parent["status"])["SpecValid"]["observedGeneration"] == 3
