@@ -33,6 +33,12 @@ DEFAULT_WORKER_PORT = 30000
 DEFAULT_FRONTEND_PORT = 8000
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Kubernetes label/annotation keys: an optional DNS-subdomain prefix and a name.
+QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 # Children are named <idep>-<service>. Services (and the label values derived from names) are
 # DNS-1035 labels of at most 63 characters; StatefulSet and LeaderWorkerSet pods also carry a
@@ -269,10 +275,19 @@ class ServiceSpec(ApiModel):
         open_object("A full Kubernetes PodSpec used as the base of this service's pods."),
     ] = None
     """A full Kubernetes PodSpec used as the base of this service's pods."""
-    pod_labels: dict[str, str] | None = None
+    pod_labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] | None = None
     """Labels copied onto this service's pods; they win over the InferaDeployment's."""
     pod_annotations: dict[str, str] | None = None
     """Annotations copied onto this service's pods; they win over the InferaDeployment's."""
+
+    @field_validator("pod_labels", "pod_annotations")
+    @classmethod
+    def _qualified_keys(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        for key in metadata or {}:
+            prefix = key.rpartition("/")[0]
+            if not QUALIFIED_NAME.match(key) or len(prefix) > 253:
+                raise ValueError(f"{key!r} is not a valid label or annotation key (e.g. example.com/team)")
+        return metadata
 
     @model_validator(mode="after")
     def _server_has_no_role(self) -> "ServiceSpec":

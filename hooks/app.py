@@ -14,8 +14,8 @@ from werkzeug.exceptions import HTTPException
 from hooks import reconcile
 from hooks.contract import BadRequest, HookRequest, parse_request
 
-# Metacontroller sends the parent plus every child; 32 MiB is far above any real graph.
-MAX_REQUEST_BYTES = 32 * 1024 * 1024
+# Metacontroller sends the parent plus every child; 16 MiB is far above any real graph.
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -42,9 +42,10 @@ def _hook(handler: Callable[[HookRequest], dict]) -> Response:
     return json_response(handler(hook_request))
 
 
-def create_app() -> Flask:
+def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Flask:
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    # Larger bodies get 413 before they are read.
+    app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
 
     @app.post("/sync")
     def sync() -> Response:

@@ -6,13 +6,14 @@ from typing import Any
 
 import yaml
 
+from hooks import reconcile
+from hooks.app import DEFAULT_MAX_REQUEST_BYTES, create_app
+from hooks.contract import parse_request
 from hooks.crd import crd_yaml
 
 
-def serve(bind: str, workers: int, timeout: int) -> None:
-    from gunicorn.app.base import BaseApplication
-
-    from hooks.app import create_app
+def serve(bind: str, workers: int, timeout: int, max_request_bytes: int) -> None:
+    from gunicorn.app.base import BaseApplication  # gunicorn is not importable on every platform
 
     class HookServer(BaseApplication):
         def load_config(self) -> None:
@@ -26,16 +27,13 @@ def serve(bind: str, workers: int, timeout: int) -> None:
             self.cfg.set("worker_tmp_dir", "/tmp")
 
         def load(self) -> Any:
-            return create_app()
+            return create_app(max_request_bytes)
 
     HookServer().run()
 
 
 def render(path: str) -> str:
     """The answer /sync would give for the InferaDeployment(s) in `path`, with nothing observed."""
-    from hooks import reconcile
-    from hooks.contract import parse_request
-
     with open(path, encoding="utf-8") if path != "-" else sys.stdin as stream:
         documents = [doc for doc in yaml.safe_load_all(stream) if doc]
     parents = [doc for doc in documents if doc.get("kind") == "InferaDeployment"]
@@ -56,13 +54,19 @@ def main(argv: list[str] | None = None) -> None:
     serve_cmd.add_argument("--bind", default="0.0.0.0:8080", help="HOST:PORT (default 0.0.0.0:8080)")
     serve_cmd.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
     serve_cmd.add_argument("--timeout", type=int, default=30, help="seconds before a stuck worker restarts")
+    serve_cmd.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_BYTES // (1024 * 1024)} MiB)",
+    )
     render_cmd = commands.add_parser("render", help="print the children and status a YAML file renders to")
     render_cmd.add_argument("file", help="an InferaDeployment YAML file, or - for standard input")
     commands.add_parser("crd", help="print the InferaDeployment CRD generated from the API model")
     args = parser.parse_args(argv)
 
     if args.command == "serve":
-        serve(args.bind, args.workers, args.timeout)
+        serve(args.bind, args.workers, args.timeout, args.max_request_bytes)
     elif args.command == "render":
         sys.stdout.write(render(args.file))
     else:

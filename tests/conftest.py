@@ -4,6 +4,7 @@ Tests that need ../shared or kubectl skip with a reason when those are missing; 
 INFERA_REQUIRE_ALL=1 (set by .ci/run) such a skip is a failure, so CI cannot pass by skipping.
 """
 
+import contextlib
 import copy
 import functools
 import json
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,34 +181,40 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def hook_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """`infera-hooks serve` (gunicorn, two workers) on a free loopback port."""
+@contextlib.contextmanager
+def start_server(log_dir: Path, *options: str) -> Iterator[str]:
+    """`infera-hooks serve` (gunicorn, two workers) on a free loopback port; yields its URL."""
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("hooks") / "server.log"
-    log = log_path.open("wb")
+    log_path = log_dir / f"server-{port}.log"
     executable = Path(sys.executable).with_name("infera-hooks")
     command = [str(executable)] if executable.exists() else [sys.executable, "-m", "hooks"]
-    process = subprocess.Popen(
-        command + ["serve", "--bind", f"127.0.0.1:{port}", "--workers", "2"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command + ["serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", *options],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
         try:
-            with urllib.request.urlopen(url + "/readyz", timeout=1):
-                break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"hook server did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/readyz", timeout=1):
+                        break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"hook server did not start: {log_path.read_text()[-2000:]}") from None
+                    time.sleep(0.1)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def hook_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with start_server(tmp_path_factory.mktemp("hooks")) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

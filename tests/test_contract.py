@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SHARED, need, parent, request_body
+from tests.conftest import REPO, SHARED, HookClient, need, parent, request_body
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 
@@ -55,17 +55,34 @@ def test_wrong_method_content_type_and_size(hooks) -> None:
     assert reply.status == 415 and "application/json" in reply.json["error"]
 
 
-def test_oversized_body_is_refused_before_it_is_read(hook_url: str) -> None:
-    host, port = hook_url.removeprefix("http://").split(":")
+def post_declared_size(url: str, size: int) -> int:
+    """Announce a body of `size` bytes and return the status the server answers with."""
+    host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     connection.putrequest("POST", "/sync")
     connection.putheader("Content-Type", "application/json")
-    connection.putheader("Content-Length", str(33 * 1024 * 1024))
+    connection.putheader("Content-Length", str(size))
     connection.endheaders()
     response = connection.getresponse()
-    assert response.status == 413
     assert "error" in json.loads(response.read())
     connection.close()
+    return response.status
+
+
+def test_oversized_body_is_refused_and_service_keeps_serving(hooks, hook_url: str) -> None:
+    assert post_declared_size(hook_url, 16 * 1024 * 1024 + 1) == 413
+    assert hooks.request("GET", "/healthz").status == 200
+    assert hooks.sync(parent(PD))["status"]["state"] == "initializing"
+
+
+def test_body_limit_is_configurable(tmp_path) -> None:
+    from tests.conftest import start_server
+
+    with start_server(tmp_path, "--max-request-bytes", "2048") as url:
+        assert post_declared_size(url, 2049) == 413
+        small = HookClient(url).post("/sync", request_body(parent(PD)))
+        assert small.status == 413  # the PD request itself is larger than 2 KiB
+        assert HookClient(url).post("/sync", {"parent": {"metadata": {"name": "a"}}}).status == 200
 
 
 def test_health_endpoints(hooks) -> None:

@@ -1,0 +1,135 @@
+"""The CRD's CEL rules, evaluated with cel-python, agree with the hook's own validation."""
+
+import copy
+from typing import Any, Callable
+
+import celpy
+import pytest
+import yaml
+
+from hooks import api
+from tests.conftest import REPO, load_yaml, parent
+from tests.test_crd import upstream_inferadeployments
+
+CRD = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
+ROOT = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+CEL = celpy.Environment()
+
+
+def cel_violations(schema: dict[str, Any], obj: Any) -> list[str]:
+    """Messages of every x-kubernetes-validations rule that `obj` breaks, walking the schema."""
+    messages = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        program = CEL.program(CEL.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(obj)}):
+            messages.append(rule["message"])
+    if isinstance(obj, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in obj:
+                messages += cel_violations(sub, obj[name])
+        if isinstance(schema.get("additionalProperties"), dict):
+            for value in obj.values():
+                messages += cel_violations(schema["additionalProperties"], value)
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for item in obj:
+            messages += cel_violations(schema["items"], item)
+    return messages
+
+
+def test_every_rule_compiles() -> None:
+    rules = []
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            rules.extend(node.get("x-kubernetes-validations", []))
+            for value in node.values():
+                collect(value)
+
+    collect(ROOT)
+    assert len(rules) == 8
+    for rule in rules:
+        CEL.compile(rule["rule"])
+        assert rule["message"]
+
+
+def test_examples_and_upstream_corpus_pass_every_rule() -> None:
+    documents = [doc for path in sorted((REPO / "examples").glob("*.yaml")) for doc in load_yaml(path)]
+    documents += [doc for _, doc in upstream_inferadeployments()]
+    assert len(documents) >= 3
+    for doc in documents:
+        assert cel_violations(ROOT, doc) == [], doc["metadata"]["name"]
+
+
+def rename(new: str) -> Callable[[dict], None]:
+    def change(obj: dict) -> None:
+        obj["metadata"]["name"] = new
+
+    return change
+
+
+def spec_change(**fields: Any) -> Callable[[dict], None]:
+    return lambda obj: obj["spec"].update(fields)
+
+
+def service_change(service: str, **fields: Any) -> Callable[[dict], None]:
+    return lambda obj: obj["spec"]["services"][service].update(fields)
+
+
+def add_service(name: str, component: str = "worker", **fields: Any) -> Callable[[dict], None]:
+    return lambda obj: obj["spec"]["services"].__setitem__(name, {"componentType": component, **fields})
+
+
+def only_servers(obj: dict) -> None:
+    obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"]}
+
+
+CASES = [
+    ("etcd without endpoint", spec_change(discoveryBackend="etcd"), api.ETCD_ENDPOINT_RULE),
+    ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), api.GAIE_REQUIRED_RULE),
+    ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), api.GAIE_REQUIRED_RULE),
+    ("role on a server", service_change("server", role="prefill"), api.SERVER_ROLE_RULE),
+    ("no worker", only_servers, api.ONE_WORKER_RULE),
+    ("service named nats", add_service("nats"), api.RESERVED_NAMES_RULE),
+    ("service named disc", add_service("disc", "server"), api.RESERVED_NAMES_RULE),
+    ("service named epp", add_service("epp"), api.RESERVED_NAMES_RULE),
+    ("child name over 63", add_service("w" * 56), api.CHILD_NAME_RULE),
+    ("multi-node name over 52", add_service("m" * 45, numberOfNodes=2), api.MULTINODE_NAME_RULE),
+    ("nats name over 52", rename("n" * 48), api.NATS_NAME_RULE),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_admission_and_hook_reject_with_the_same_message(hooks, change: Callable[[dict], None], message: str) -> None:
+    obj = parent(PD)
+    assert cel_violations(ROOT, obj) == []
+    change(obj)
+    assert cel_violations(ROOT, obj) == [message]
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed"
+    assert message in status["message"]
+
+
+def test_boundaries_are_accepted(hooks) -> None:
+    """Exactly at each limit is fine, for admission and hook alike."""
+    for change in [add_service("w" * 55), rename("n" * 47)]:
+        obj = parent(PD)
+        change(obj)
+        assert cel_violations(ROOT, obj) == []
+        assert hooks.sync(obj)["status"]["state"] == "initializing"
+    obj = parent(PD)
+    add_service("m" * 44, numberOfNodes=2)(obj)
+    assert cel_violations(ROOT, obj) == []
+    obj = parent(PD)
+    rename("n" * 55)(obj)  # qwen...-prefill is exactly 63
+    obj["spec"]["nats"] = {"deploy": False}
+    assert cel_violations(ROOT, obj) == []
+    assert hooks.sync(obj)["status"]["state"] == "initializing"
+
+
+def test_hook_rejects_parent_names_that_cannot_name_a_service(hooks) -> None:
+    obj = parent(PD)
+    obj["metadata"]["name"] = "qwen.pd"  # a valid object name, but not a DNS-1035 label
+    status = hooks.sync(copy.deepcopy(obj))["status"]
+    assert status["state"] == "failed"
+    assert status["message"].startswith("invalid spec: metadata.name: String should match pattern")

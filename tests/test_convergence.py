@@ -1,0 +1,81 @@
+"""Zero churn, proven with the simulator for every example users start from."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.simulator import Metacontroller
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+IDS = [path.name for path in EXAMPLES]
+
+
+def converged(hooks, path: Path) -> Metacontroller:
+    mc = Metacontroller(hooks, path)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready"
+    return mc
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+def test_first_sync_creates_everything_then_quiet(hooks, path: Path) -> None:
+    mc = Metacontroller(hooks, path)
+    writes = mc.sync()
+    created = [w for w in writes if w[0] == "create"]
+    assert len(created) == len(mc.children) == len(writes) - 1  # every child once, plus the status
+    assert mc.sync() == [("status", "InferaDeployment", mc.parent["metadata"]["name"])]  # initializing -> pending
+    assert mc.sync() == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+def test_second_sync_of_unchanged_world_writes_nothing(hooks, path: Path) -> None:
+    mc = converged(hooks, path)
+    assert mc.sync() == []
+    assert mc.sync() == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+def test_scaling_one_pool_writes_exactly_that_child(hooks, path: Path) -> None:
+    mc = converged(hooks, path)
+    idep = mc.parent["metadata"]["name"]
+    worker = next(name for name, svc in sorted(mc.parent["spec"]["services"].items()) if svc["componentType"] == "worker")
+    mc.edit(lambda spec: spec["services"][worker].update(replicas=spec["services"][worker].get("replicas", 1) + 2))
+    writes = mc.sync()
+    assert mc.child_writes(writes) == [("update", "Deployment", f"{idep}-{worker}")]
+    assert mc.children[("Deployment", f"{idep}-{worker}")]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+def test_removing_a_service_prunes_exactly_its_objects(hooks, path: Path) -> None:
+    mc = converged(hooks, path)
+    idep = mc.parent["metadata"]["name"]
+    services = mc.parent["spec"]["services"]
+    # Remove the server when there is one (it owns a Service too), else one of several workers.
+    victim = "server" if "server" in services else sorted(services)[0]
+    expected = [("delete", "Deployment", f"{idep}-{victim}")]
+    if services[victim]["componentType"] == "server":
+        expected.append(("delete", "Service", f"{idep}-{victim}"))
+    mc.edit(lambda spec: spec["services"].pop(victim))
+    assert mc.child_writes(mc.sync()) == expected
+    assert mc.sync() == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
+def test_fixing_a_failed_spec_converges_back(hooks, path: Path) -> None:
+    mc = converged(hooks, path)
+    before = {key: child["metadata"]["resourceVersion"] for key, child in mc.children.items()}
+    original = mc.parent["spec"]["backendFramework"] if "backendFramework" in mc.parent["spec"] else None
+    mc.edit(lambda spec: spec.update(backendFramework="tensorrt"))
+    writes = mc.sync()
+    assert writes == [("status", "InferaDeployment", mc.parent["metadata"]["name"])]
+    assert mc.parent["status"]["state"] == "failed"
+    assert mc.sync() == []  # a failed spec is steady too
+    mc.edit(lambda spec: spec.update(backendFramework=original) if original else spec.pop("backendFramework"))
+    writes = mc.sync()
+    assert mc.child_writes(writes) == []
+    assert mc.parent["status"]["state"] == "ready"
+    assert {key: child["metadata"]["resourceVersion"] for key, child in mc.children.items()} == before
+    assert mc.sync() == []
