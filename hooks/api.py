@@ -54,6 +54,7 @@ MAX_SERVICES = 256
 ETCD_ENDPOINT_RULE = "etcdEndpoint is required when discoveryBackend is etcd: set spec.etcdEndpoint, e.g. etcd:2379"
 GAIE_REQUIRED_RULE = "gaie.tokenizerPath and gaie.gatewayName are required when gaie.enabled is true"
 SERVER_ROLE_RULE = "role applies to workers only: remove role from a server (or set it to mixed)"
+SERVER_GPU_RULE = "resources.gpu applies to workers only: the server (router) runs without a GPU"
 ONE_WORKER_RULE = "services must contain at least one worker (componentType: worker)"
 RESERVED_NAMES_RULE = (
     "service names nats, disc and epp are reserved for the operator's own children: rename the service"
@@ -101,9 +102,12 @@ class SpecError(ValueError):
 
 
 def _quantity(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError("must be a Kubernetes quantity such as 4, 500m or 64Gi")
-    return canonical_quantity(str(value))
+    quantity = canonical_quantity(str(value))
+    if quantity.startswith("-"):
+        raise ValueError(f"{value!r} must not be negative")
+    return quantity
 
 
 # A resource quantity; users may write `cpu: 4` unquoted, so integers are accepted too. Values
@@ -151,6 +155,15 @@ class EnvVar(ApiModel):
         open_object("Source of the value (fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef)."),
     ] = None
     """Source of the value (fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef)."""
+
+    @field_validator("value_from")
+    @classmethod
+    def _canonical_divisor(cls, value_from: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A resourceFieldRef divisor is a quantity the API server rewrites; store its form."""
+        field_ref = (value_from or {}).get("resourceFieldRef")
+        if isinstance(field_ref, dict) and "divisor" in field_ref:
+            return {**value_from, "resourceFieldRef": {**field_ref, "divisor": _quantity(field_ref["divisor"])}}
+        return value_from
 
 
 class NatsSpec(ApiModel):
@@ -246,7 +259,11 @@ class ServiceSpec(ApiModel):
     """One component of the graph: the router server or a pool of GPU workers."""
 
     model_config = with_validations(
-        cel("self.componentType == 'worker' || !has(self.role) || self.role == 'mixed'", SERVER_ROLE_RULE)
+        cel("self.componentType == 'worker' || !has(self.role) || self.role == 'mixed'", SERVER_ROLE_RULE),
+        cel(
+            "self.componentType == 'worker' || !has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0",
+            SERVER_GPU_RULE,
+        ),
     )
 
     # maxLength bounds the CEL cost estimate of rules comparing these strings.
@@ -290,9 +307,11 @@ class ServiceSpec(ApiModel):
         return metadata
 
     @model_validator(mode="after")
-    def _server_has_no_role(self) -> "ServiceSpec":
+    def _server_rules(self) -> "ServiceSpec":
         if not self.is_worker and self.role != "mixed":
             raise ValueError(SERVER_ROLE_RULE)
+        if not self.is_worker and self.resources.gpu:
+            raise ValueError(SERVER_GPU_RULE)
         return self
 
     @property

@@ -35,6 +35,8 @@ def _hook(handler: Callable[[HookRequest], dict]) -> Response:
         body = json.loads(request.get_data())
     except ValueError as error:
         return error_response(400, f"request body is not valid JSON: {error}")
+    except RecursionError:
+        return error_response(400, "request body is nested too deeply")
     try:
         hook_request = parse_request(body)
     except BadRequest as error:

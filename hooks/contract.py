@@ -73,7 +73,7 @@ def as_last_applied(child: dict[str, Any]) -> dict[str, Any]:
     if recorded:
         try:
             applied = json.loads(recorded)
-        except ValueError:
+        except (ValueError, RecursionError):
             applied = None
         if isinstance(applied, dict):
             return applied

@@ -1,12 +1,14 @@
 """Fields the API server refuses to change on an existing object.
 
 Sending a new value would fail the apply on every sync, so an existing child keeps the value it
-was created with, and the hook says so in status.
+holds on the cluster, verbatim, and the hook says in status what it could not change. Verbatim
+matters: the API server fills in fields of a claim template (kind, volumeMode, status), and
+Metacontroller replaces such lists wholesale, so anything less would be re-applied every sync.
 """
 
 from typing import Any
 
-from hooks.contract import as_last_applied, child_key
+from hooks.contract import child_key
 
 # kind -> (path to the field, the spec field a user would have changed)
 IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
@@ -14,7 +16,7 @@ IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
 }
 
 
-def _get(obj: dict[str, Any], path: tuple[str, ...]) -> Any:
+def _get(obj: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         if not isinstance(obj, dict):
             return None
@@ -22,21 +24,30 @@ def _get(obj: dict[str, Any], path: tuple[str, ...]) -> Any:
     return obj
 
 
+def _covers(stored: Any, wanted: Any) -> bool:
+    """Whether `stored` holds everything `wanted` asks for (server-filled extras allowed)."""
+    if isinstance(wanted, dict):
+        return isinstance(stored, dict) and all(k in stored and _covers(stored[k], v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(stored, list) and len(stored) == len(wanted) and all(map(_covers, stored, wanted))
+    return stored == wanted
+
+
 def keep_immutable_fields(desired: list[dict[str, Any]], observed: list[dict[str, Any]]) -> list[str]:
-    """Reset immutable fields of `desired` to what was applied before; return one notice each."""
-    applied = {child_key(child): child for child in observed}
+    """Set immutable fields of `desired` to their observed values; return one notice per
+    field whose desired value could not be applied."""
+    existing = {child_key(child): child for child in observed}
     notices = []
     for child in desired:
-        previous = applied.get(child_key(child))
-        if previous is None:
-            continue
-        previous = as_last_applied(previous)
-        for path, spec_field in IMMUTABLE_FIELDS.get(child["kind"], []):
-            old = _get(previous, path)
-            if old is not None and _get(child, path) != old:
-                _get(child, path[:-1])[path[-1]] = old
+        current = existing.get(child_key(child))
+        for path, spec_field in IMMUTABLE_FIELDS.get(child["kind"], []) if current else []:
+            stored = _get(current, path)
+            if stored is None:
+                continue
+            if not _covers(stored, _get(child, path)):
                 notices.append(
                     f"{spec_field} change not applied to {child['kind']} {child['metadata']['name']}: "
                     f"{'.'.join(path)} is immutable (delete the {child['kind']} to recreate it)"
                 )
+            _get(child, path[:-1])[path[-1]] = stored
     return notices

@@ -22,30 +22,39 @@ _DECIMAL_BY_EXPONENT = {exp: suffix for suffix, exp in _DECIMAL_SUFFIXES.items()
 _BINARY_BY_POWER = {power: suffix for suffix, power in _BINARY_SUFFIXES.items()}
 
 
-def canonical_quantity(text: str) -> str:
-    """Return `text` as the API server would store it; ValueError if it is not a quantity."""
-    text = text.strip()
+# The API server clamps larger values; refusing them is clearer than a silently different value.
+MAX_QUANTITY = 2**63 - 1
+# Exponents beyond this are out of range anyway; the bound keeps parsing cheap.
+MAX_EXPONENT = 30
+
+
+def _parse(text: str) -> tuple[Fraction, str]:
+    """The exact value of a quantity and its format: binary, exponent or decimal."""
     match = _QUANTITY.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 4, 500m, 64Gi)")
     number_end = match.end(2)
     number, suffix = Fraction(text[:number_end]), text[number_end:]
-
     if suffix in _BINARY_SUFFIXES:
-        value, binary, exponent_form = number * 1024 ** _BINARY_SUFFIXES[suffix], True, False
-    elif suffix[:1] in ("e", "E"):
-        value, binary, exponent_form = number * Fraction(10) ** int(Fraction(suffix[1:])), False, True
-    else:
-        value, binary, exponent_form = number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix], False, False
+        return number * 1024 ** _BINARY_SUFFIXES[suffix], "binary"
+    if len(suffix) > 1:  # e/E followed by an exponent; a lone E is the exa suffix
+        if not re.fullmatch(r"[+-]?[0-9]+", suffix[1:]):
+            raise ValueError(f"{text!r} is not a Kubernetes quantity: the exponent must be a whole number")
+        exponent = int(suffix[1:])
+        if abs(exponent) > MAX_EXPONENT:
+            raise ValueError(f"{text!r} is out of range for a Kubernetes quantity")
+        return number * Fraction(10) ** exponent, "exponent"
+    return number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix], "decimal"
 
+
+def _format(value: Fraction, form: str) -> str:
     # The API server keeps nano precision and rounds anything finer up (away from zero).
-    nanos = value * 10**9
-    whole_nanos = math.ceil(abs(nanos))
+    whole_nanos = math.ceil(abs(value) * 10**9)
     if whole_nanos == 0:
         return "0"
     sign = "-" if value < 0 else ""
 
-    if binary and whole_nanos >= 1024 * 10**9 and whole_nanos % 10**9 == 0:
+    if form == "binary" and whole_nanos >= 1024 * 10**9 and whole_nanos % 10**9 == 0:
         mantissa, power = whole_nanos // 10**9, 0
         while mantissa % 1024 == 0 and power < 6:
             mantissa //= 1024
@@ -54,10 +63,26 @@ def canonical_quantity(text: str) -> str:
 
     # Decimal: the largest exponent (a multiple of 3, at least -9) that keeps the mantissa whole.
     mantissa, exponent = whole_nanos, -9
-    max_exponent = 10**6 if exponent_form else 18
+    max_exponent = MAX_EXPONENT if form == "exponent" else 18
     while exponent < max_exponent and mantissa % 1000 == 0:
         mantissa //= 1000
         exponent += 3
-    if exponent_form:
+    if form == "exponent":
         return f"{sign}{mantissa}{'' if exponent == 0 else f'e{exponent}'}"
     return f"{sign}{mantissa}{_DECIMAL_BY_EXPONENT[exponent]}"
+
+
+def canonical_quantity(text: str) -> str:
+    """Return `text` as the API server stores it; ValueError if it is not a quantity.
+
+    The result is a fixed point: the server stores exactly this string for it. (A value such as
+    1.953125Ki is written as 2000, which the server reads back as a decimal and stores as 2k.)
+    """
+    text = text.strip()
+    value, form = _parse(text)
+    if abs(value) > MAX_QUANTITY:
+        raise ValueError(f"{text!r} is out of range for a Kubernetes quantity")
+    canonical = _format(value, form)
+    while (again := _format(*_parse(canonical))) != canonical:
+        canonical = again
+    return canonical

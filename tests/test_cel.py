@@ -47,7 +47,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 8
+    assert len(rules) == 9
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -89,6 +89,7 @@ CASES = [
     ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), api.GAIE_REQUIRED_RULE),
     ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), api.GAIE_REQUIRED_RULE),
     ("role on a server", service_change("server", role="prefill"), api.SERVER_ROLE_RULE),
+    ("gpu on a server", service_change("server", resources={"gpu": 1}), api.SERVER_GPU_RULE),
     ("no worker", only_servers, api.ONE_WORKER_RULE),
     ("service named nats", add_service("nats"), api.RESERVED_NAMES_RULE),
     ("service named disc", add_service("disc", "server"), api.RESERVED_NAMES_RULE),

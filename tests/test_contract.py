@@ -161,6 +161,7 @@ def test_finalize_releases_children_then_finalizes(hooks) -> None:
         "status": {"state": "terminating", "message": "deleting 9 children"},
         "children": [],
         "finalized": False,
+        "resyncAfterSeconds": 5,
     }
     done = hooks.hook("/finalize", request_body(obj, [], finalizing=True))
     assert done["finalized"] is True and done["children"] == []

@@ -30,16 +30,13 @@ env_vars = st.lists(
     max_size=3,
 )
 label_values = st.from_regex(r"([a-z0-9]([-a-z0-9]{0,6}[a-z0-9])?)?", fullmatch=True)
-resources = st.fixed_dictionaries(
-    {},
-    optional={
-        "gpu": st.integers(0, 8),
-        "gpuType": st.sampled_from(["amd.com/gpu", "nvidia.com/gpu"]),
-        "cpu": quantities,
-        "memory": quantities,
-        "sharedMemory": quantities,
-    },
-)
+
+
+def resources(component: str) -> st.SearchStrategy[dict[str, Any]]:
+    optional = {"cpu": quantities, "memory": quantities, "sharedMemory": quantities}
+    if component == "worker":  # a GPU on the router is invalid
+        optional |= {"gpu": st.integers(0, 8), "gpuType": st.sampled_from(["amd.com/gpu", "nvidia.com/gpu"])}
+    return st.fixed_dictionaries({}, optional=optional)
 
 
 def service(component: str) -> st.SearchStrategy[dict[str, Any]]:
@@ -47,8 +44,11 @@ def service(component: str) -> st.SearchStrategy[dict[str, Any]]:
         "replicas": st.integers(0, 4),
         "port": st.integers(1024, 65535),
         "image": st.sampled_from(["engine:v1", "example.com/engine:v2"]),
-        "resources": resources,
-        "args": st.lists(st.sampled_from(["--tp-size", "2", "--drain-timeout", "45", "--trust-remote-code"]), max_size=4),
+        "resources": resources(component),
+        "args": st.lists(
+            st.sampled_from([["--tp-size", "2"], ["--drain-timeout", "45"], ["--drain-timeout=7.5"], ["--trust-remote-code"]]),
+            max_size=3,
+        ).map(lambda groups: [arg for group in groups for arg in group]),
         "env": env_vars,
         "skipReadinessProbe": st.booleans(),
         "podLabels": st.dictionaries(st.sampled_from(["team", "infera.amd.com/tier", "rack"]), label_values, max_size=2),

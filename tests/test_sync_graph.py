@@ -191,7 +191,7 @@ def test_etcd_discovery(hooks) -> None:
         assert "--discovery-backend" not in main["command"]
         assert [v["name"] for v in main["env"]] == ["NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
         pod = children_by_key(answer)[("Deployment", name)]["spec"]["template"]["spec"]
-        assert "serviceAccountName" not in pod
+        assert pod["serviceAccountName"] == "default"  # never dropped: see pods.pod_template
 
 
 def test_nats_off(hooks) -> None:

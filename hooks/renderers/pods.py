@@ -3,6 +3,7 @@
 import math
 
 from hooks.api import EnvVar, InferaDeployment, ServiceSpec, SpecError
+from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, nats
 from hooks.renderers.common import COMPONENT_LABEL, identity_labels
 
@@ -127,7 +128,7 @@ def _resources(svc: ServiceSpec) -> dict:
         requests["memory"] = spec.memory
     if spec.gpu:
         # Extended resources cannot be overcommitted: Kubernetes requires request == limit.
-        requests[spec.gpu_type] = limits[spec.gpu_type] = str(spec.gpu)
+        requests[spec.gpu_type] = limits[spec.gpu_type] = canonical_quantity(str(spec.gpu))
     resources = {}
     if requests:
         resources["requests"] = requests
@@ -181,10 +182,12 @@ def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict
     if svc.extra_pod_spec is not None:
         raise SpecError(f"services.{service}.extraPodSpec is accepted but not rendered by this release")
     env = container_env(idep, svc)
-    spec: dict = {"containers": [main_container(idep, svc, env)]}
-    account = discovery.service_account_name(idep)
-    if account:
-        spec["serviceAccountName"] = account
+    spec: dict = {
+        "containers": [main_container(idep, svc, env)],
+        # Always set: were it dropped (etcd discovery), the API server's deprecated
+        # `serviceAccount` alias would keep pointing pods at the deleted discovery account.
+        "serviceAccountName": discovery.service_account_name(idep) or "default",
+    }
     if svc.is_worker:
         # SIGKILL must not cut a drain short: the pre-stop delay, the drain itself, then slack.
         spec["terminationGracePeriodSeconds"] = (
