@@ -1,9 +1,11 @@
 """A small Metacontroller for the tests: applies hook answers the way Metacontroller v4.17 does.
 
 It creates desired children (adding uid, resourceVersion, ownerReference, the controller-uid
-label and the last-applied annotation), updates a child only when the desired object differs
-from its last-applied configuration, deletes children the answer leaves out, writes the parent
-status only when it changed, and records every write so tests can count them.
+label and the last-applied annotation), stores them through a simulated API server that
+defaults and canonicalises them (tests/apiserver.py), updates a child only when the 3-way merge
+of observed, last-applied and desired differs from what is stored, deletes children the answer
+leaves out, writes the parent status only when it changed, and records every write so tests
+can count them.
 """
 
 import copy
@@ -11,6 +13,7 @@ import itertools
 import json
 from typing import Any, Callable
 
+from tests import apiserver
 from tests.conftest import RESOURCE_KINDS, HookClient, controller, parent, request_body
 
 LAST_APPLIED = "metacontroller.k8s.io/last-applied-configuration"
@@ -93,20 +96,26 @@ class Metacontroller:
             stamped = self._stamp(desired)
             existing = self.children.get(key)
             if existing is None:
-                self.children[key] = self._stored(stamped, uid=f"child-{next(self._uids)}", status={})
+                self.children[key] = self._created(stamped)
                 self.writes.append(("create", *key))
-            elif json.loads(existing["metadata"]["annotations"][LAST_APPLIED]) != stamped:
-                self.children[key] = self._stored(stamped, uid=existing["metadata"]["uid"], status=existing.get("status", {}))
+                continue
+            last_applied = json.loads(existing["metadata"]["annotations"][LAST_APPLIED])
+            merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
+            merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
+            candidate = apiserver.store(merged)
+            if candidate != existing:
+                candidate["metadata"]["resourceVersion"] = str(next(self._versions))
+                self.children[key] = candidate
                 self.writes.append(("update", *key))
         for key in sorted(set(self.children) - desired_keys):
             del self.children[key]
             self.writes.append(("delete", *key))
 
-    def _stored(self, stamped: dict[str, Any], uid: str, status: dict[str, Any]) -> dict[str, Any]:
-        stored = copy.deepcopy(stamped)
+    def _created(self, stamped: dict[str, Any]) -> dict[str, Any]:
+        stored = apiserver.store(stamped)
         metadata = stored["metadata"]
         metadata.setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
-        metadata.update(uid=uid, resourceVersion=str(next(self._versions)), generation=1)
+        metadata.update(uid=f"child-{next(self._uids)}", resourceVersion=str(next(self._versions)), generation=1)
         metadata["ownerReferences"] = [
             {
                 "apiVersion": self.parent["apiVersion"],
@@ -117,8 +126,6 @@ class Metacontroller:
                 "blockOwnerDeletion": True,
             }
         ]
-        if status:
-            stored["status"] = status
         return stored
 
     def _write_status(self, status: dict[str, Any]) -> None:

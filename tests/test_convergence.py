@@ -79,3 +79,46 @@ def test_fixing_a_failed_spec_converges_back(hooks, path: Path) -> None:
     assert mc.parent["status"]["state"] == "ready"
     assert {key: child["metadata"]["resourceVersion"] for key, child in mc.children.items()} == before
     assert mc.sync() == []
+
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+
+
+def test_switching_to_etcd_discovery_releases_the_identity_cleanly(hooks) -> None:
+    mc = converged(hooks, PD)
+    mc.edit(lambda spec: spec.update(discoveryBackend="etcd", etcdEndpoint="etcd:2379"))
+    writes = mc.child_writes(mc.sync())
+    assert sorted(w for w in writes if w[0] == "delete") == [
+        ("delete", "Role", "qwen-pd-disc"),
+        ("delete", "RoleBinding", "qwen-pd-disc"),
+        ("delete", "ServiceAccount", "qwen-pd-disc"),
+    ]
+    assert sorted(w for w in writes if w[0] == "update") == [
+        ("update", "Deployment", f"qwen-pd-{name}") for name in ("decode", "prefill", "server")
+    ]
+    # What the API server stores must not point pods at the deleted account (the deprecated
+    # serviceAccount alias survives a merge that merely drops serviceAccountName).
+    for (kind, _), child in mc.children.items():
+        if kind == "Deployment":
+            pod = child["spec"]["template"]["spec"]
+            assert pod["serviceAccountName"] == pod["serviceAccount"] == "default"
+    assert mc.sync() == []
+
+
+def test_storage_size_change_keeps_the_claim_template_and_says_so(hooks) -> None:
+    mc = converged(hooks, PD)
+    mc.edit(lambda spec: spec.update(nats={"deploy": True, "storageSize": "20Gi"}))
+    assert mc.child_writes(mc.sync()) == []
+    claim = mc.children[("StatefulSet", "qwen-pd-nats")]["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "4Gi"
+    assert "nats.storageSize/storageClassName change not applied to StatefulSet qwen-pd-nats" in mc.parent["status"]["message"]
+    assert mc.sync() == []
+
+
+def test_non_canonical_quantities_do_not_churn(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.edit(lambda spec: spec["services"]["decode"]["resources"].update(cpu="16000m", memory="1024Gi", sharedMemory="0.5Ti"))
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    assert mc.sync() == []

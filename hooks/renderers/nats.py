@@ -24,6 +24,7 @@ def render(idep: InferaDeployment) -> list[dict]:
     claim_spec: dict = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": nats.storage_size}},
+        "volumeMode": "Filesystem",
     }
     if nats.storage_class_name:
         claim_spec["storageClassName"] = nats.storage_class_name
@@ -63,7 +64,18 @@ def render(idep: InferaDeployment) -> list[dict]:
                 "metadata": {"labels": object_metadata(idep, NATS_SUFFIX)["labels"]},
                 "spec": {"containers": [container]},
             },
-            "volumeClaimTemplates": [{"metadata": {"name": DATA_VOLUME}, "spec": claim_spec}],
+            # Written as the API server stores it: Metacontroller replaces this list wholesale,
+            # so a template without the server's defaults would be re-applied on every sync.
+            # Once the StatefulSet exists its stored templates are kept (hooks/immutable.py).
+            "volumeClaimTemplates": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": DATA_VOLUME},
+                    "spec": claim_spec,
+                    "status": {"phase": "Pending"},
+                }
+            ],
         },
     }
     service = {

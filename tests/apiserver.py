@@ -1,0 +1,149 @@
+"""What a real API server does to an object it stores, for the kinds the hook emits.
+
+The simulator stores children through `store()`, so a desired value the server would rewrite
+(a defaulted field inside a list Metacontroller replaces wholesale, a deprecated alias, a
+non-canonical quantity, an empty env value) shows up as an update on every sync, exactly as
+it would on a cluster.
+"""
+
+import copy
+from typing import Any
+
+from hooks.quantity import canonical_quantity
+
+PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
+
+
+def _quantities(mapping: dict[str, Any] | None) -> None:
+    for key, value in (mapping or {}).items():
+        mapping[key] = canonical_quantity(str(value))
+
+
+def _probe(probe: dict[str, Any] | None) -> None:
+    if not probe:
+        return
+    for key, value in PROBE_DEFAULTS.items():
+        probe.setdefault(key, value)
+    if "httpGet" in probe:
+        probe["httpGet"].setdefault("scheme", "HTTP")
+
+
+def _container(container: dict[str, Any]) -> None:
+    image = container.get("image", "")
+    container.setdefault("imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1] else "IfNotPresent")
+    container.setdefault("terminationMessagePath", "/dev/termination-log")
+    container.setdefault("terminationMessagePolicy", "File")
+    resources = container.setdefault("resources", {})
+    _quantities(resources.get("requests"))
+    _quantities(resources.get("limits"))
+    for port in container.get("ports", []):
+        port.setdefault("protocol", "TCP")
+    for var in container.get("env", []):
+        if var.get("value") == "":
+            del var["value"]
+        field_ref = (var.get("valueFrom") or {}).get("fieldRef")
+        if field_ref:
+            field_ref.setdefault("apiVersion", "v1")
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        _probe(container.get(probe))
+
+
+def _pod_spec(spec: dict[str, Any]) -> None:
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    # The deprecated alias: read back from serviceAccount when serviceAccountName is gone.
+    if spec.get("serviceAccountName"):
+        spec["serviceAccount"] = spec["serviceAccountName"]
+    elif spec.get("serviceAccount"):
+        spec["serviceAccountName"] = spec["serviceAccount"]
+    for container in spec.get("containers", []) + spec.get("initContainers", []):
+        _container(container)
+    for volume in spec.get("volumes", []):
+        empty_dir = volume.get("emptyDir")
+        if empty_dir and "sizeLimit" in empty_dir:
+            empty_dir["sizeLimit"] = canonical_quantity(str(empty_dir["sizeLimit"]))
+
+
+def store(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server would return it after a create or update."""
+    obj = copy.deepcopy(obj)
+    kind, spec = obj["kind"], obj.get("spec")
+    if kind == "Deployment":
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+        spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+        _pod_spec(spec["template"]["spec"])
+    elif kind == "StatefulSet":
+        spec.setdefault("podManagementPolicy", "OrderedReady")
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+        spec.setdefault("persistentVolumeClaimRetentionPolicy", {"whenDeleted": "Retain", "whenScaled": "Retain"})
+        _pod_spec(spec["template"]["spec"])
+        for claim in spec.get("volumeClaimTemplates", []):
+            claim.setdefault("apiVersion", "v1")
+            claim.setdefault("kind", "PersistentVolumeClaim")
+            claim["spec"].setdefault("volumeMode", "Filesystem")
+            _quantities(claim["spec"].get("resources", {}).get("requests"))
+            claim.setdefault("status", {"phase": "Pending"})
+    elif kind == "Service":
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        spec.setdefault("internalTrafficPolicy", "Cluster")
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("clusterIP", "10.96.0.17")
+        spec.setdefault("clusterIPs", [spec["clusterIP"]])
+        for port in spec.get("ports", []):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port["port"])
+    return obj
+
+
+def merge(observed: Any, last_applied: Any, desired: Any) -> Any:
+    """Metacontroller's client-side 3-way merge (pkg/dynamic/apply), written from its rules:
+    fields dropped since last-applied are removed, desired fields are set, objects merge key by
+    key, lists of objects sharing a conventional key merge item by item, other lists and
+    scalars are replaced by the desired value."""
+    if isinstance(observed, dict) and (isinstance(desired, dict) or desired is None):
+        return _merge_object(dict(observed), last_applied or {}, desired or {})
+    if isinstance(observed, list) and (isinstance(desired, list) or desired is None):
+        key = _list_map_key(observed, last_applied or [], desired or [])
+        if key:
+            return _merge_list_map(key, observed, last_applied or [], desired or [])
+    return desired
+
+
+def _merge_object(observed: dict, last_applied: dict, desired: dict) -> dict:
+    for key in last_applied:
+        if key not in desired:
+            observed.pop(key, None)
+    for key, value in desired.items():
+        observed[key] = merge(observed.get(key), last_applied.get(key), value)
+    return observed
+
+
+MERGE_KEYS = ("containerPort", "port", "mountPath", "name", "uid", "ip", "path")
+
+
+def _list_map_key(*lists: list) -> str | None:
+    common: set[str] | None = None
+    for item in (item for items in lists for item in items):
+        if not isinstance(item, dict):
+            return None
+        common = set(item) if common is None else common & set(item)
+    return next((key for key in MERGE_KEYS if common and key in common), None)
+
+
+def _merge_list_map(key: str, observed: list, last_applied: list, desired: list) -> list:
+    by_key = lambda items: {str(item[key]): item for item in items}  # noqa: E731
+    merged = _merge_object(by_key(observed), by_key(last_applied), by_key(desired))
+    result, added = [], set()
+    for item in observed + desired:  # observed order first, then new desired items
+        item_key = str(item[key])
+        if item_key in merged and item_key not in added:
+            result.append(merged[item_key])
+            added.add(item_key)
+    return result
