@@ -55,6 +55,7 @@ ETCD_ENDPOINT_RULE = "etcdEndpoint is required when discoveryBackend is etcd: se
 GAIE_REQUIRED_RULE = "gaie.tokenizerPath and gaie.gatewayName are required when gaie.enabled is true"
 SERVER_ROLE_RULE = "role applies to workers only: remove role from a server (or set it to mixed)"
 SERVER_GPU_RULE = "resources.gpu applies to workers only: the server (router) runs without a GPU"
+SERVER_NODES_RULE = "numberOfNodes applies to workers only: a server runs on one node (scale it with replicas)"
 ONE_WORKER_RULE = "services must contain at least one worker (componentType: worker)"
 RESERVED_NAMES_RULE = (
     "service names nats, disc and epp are reserved for the operator's own children: rename the service"
@@ -264,6 +265,7 @@ class ServiceSpec(ApiModel):
             "self.componentType == 'worker' || !has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0",
             SERVER_GPU_RULE,
         ),
+        cel("self.componentType == 'worker' || !has(self.numberOfNodes) || self.numberOfNodes == 1", SERVER_NODES_RULE),
     )
 
     # maxLength bounds the CEL cost estimate of rules comparing these strings.
@@ -312,6 +314,8 @@ class ServiceSpec(ApiModel):
             raise ValueError(SERVER_ROLE_RULE)
         if not self.is_worker and self.resources.gpu:
             raise ValueError(SERVER_GPU_RULE)
+        if not self.is_worker and self.number_of_nodes > 1:
+            raise ValueError(SERVER_NODES_RULE)
         return self
 
     @property

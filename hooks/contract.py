@@ -18,11 +18,50 @@ class BadRequest(ValueError):
     """The body is not a Metacontroller hook request; answered with HTTP 400."""
 
 
+# Child kinds the hook can emit, by the (apiVersion, resource) of a childResources entry.
+CHILD_KINDS = {
+    ("apps/v1", "deployments"): "Deployment",
+    ("apps/v1", "statefulsets"): "StatefulSet",
+    ("v1", "services"): "Service",
+    ("v1", "serviceaccounts"): "ServiceAccount",
+    ("rbac.authorization.k8s.io/v1", "roles"): "Role",
+    ("rbac.authorization.k8s.io/v1", "rolebindings"): "RoleBinding",
+    ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"): "LeaderWorkerSet",
+    ("inference.networking.k8s.io/v1", "inferencepools"): "InferencePool",
+    ("gateway.networking.k8s.io/v1", "httproutes"): "HTTPRoute",
+}
+
+Kind = tuple[str, str]  # (kind, apiVersion)
+
+
 @dataclass(frozen=True)
 class HookRequest:
     parent: dict[str, Any]
     children: list[dict[str, Any]]
     finalizing: bool
+    # Child kinds the CompositeController registers; None when the request does not say
+    # (a hand-written body), in which case every kind may be emitted.
+    registered: frozenset[Kind] | None = None
+
+    def allows(self, child: dict[str, Any]) -> bool:
+        return self.registered is None or (child["kind"], child["apiVersion"]) in self.registered
+
+
+def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
+    """Registered kinds from `controller.spec.childResources`, else from the children map,
+    which Metacontroller fills with every registered type (`{}` when none exists)."""
+    controller = body.get("controller")
+    resources = ((controller.get("spec") or {}) if isinstance(controller, dict) else {}).get("childResources")
+    if isinstance(resources, list):
+        return frozenset(
+            (CHILD_KINDS[key], key[0])
+            for entry in resources
+            if isinstance(entry, dict) and (key := (entry.get("apiVersion"), entry.get("resource"))) in CHILD_KINDS
+        )
+    children = body.get("children")
+    if isinstance(children, dict) and children:
+        return frozenset(tuple(key.split(".", 1)) for key in children if "." in key)
+    return None
 
 
 def _objects(group: Any, where: str) -> list[dict[str, Any]]:
@@ -55,7 +94,12 @@ def parse_request(body: Any) -> HookRequest:
     finalizing = body.get("finalizing", False)
     if not isinstance(finalizing, bool):
         raise BadRequest("'finalizing' must be a boolean")
-    return HookRequest(parent=parent, children=_objects(body.get("children"), "children"), finalizing=finalizing)
+    return HookRequest(
+        parent=parent,
+        children=_objects(body.get("children"), "children"),
+        finalizing=finalizing,
+        registered=_registered(body),
+    )
 
 
 def child_key(child: dict[str, Any]) -> tuple[str, str]:

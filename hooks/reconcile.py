@@ -10,6 +10,14 @@ from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
 from hooks.renderers import render_children
+from hooks.renderers.common import SERVICE_LABEL
+
+# Where each optional kind is registered; the rest are in the base bundle.
+ENABLING_COMPONENTS = {
+    "LeaderWorkerSet": "the kustomize component metacontroller/components/lws",
+    "InferencePool": "the kustomize component metacontroller/components/gaie",
+    "HTTPRoute": "the kustomize component metacontroller/components/gaie",
+}
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,7 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
 def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
     try:
         idep = parse_parent(request.parent)
-        children = render_children(idep)
+        children, unregistered = withhold_unregistered(request, render_children(idep))
         notices = keep_immutable_fields(children, request.children)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
@@ -51,9 +59,35 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
         log.exception("rendering %s failed", request.parent["metadata"]["name"])
         return _keep_observed(request, f"internal error while rendering: {error}", now)
     return {
-        "status": status.roll_up(idep, request.children, _previous_status(request), now, notices),
+        "status": status.roll_up(idep, request.children, _previous_status(request), now, notices, unregistered),
         "children": children,
     }
+
+
+def _service_of(child: dict[str, Any]) -> str | None:
+    return (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
+
+
+def withhold_unregistered(request: HookRequest, children: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Children of a kind the CompositeController does not register would fail the whole sync.
+
+    Every child of an affected service (or plumbing part) is withheld instead and that part's
+    observed children are kept exactly as applied; the rest of the graph is still rendered.
+    Returns the children to answer and one message per withheld child.
+    """
+    withheld = [child for child in children if not request.allows(child)]
+    if not withheld:
+        return children, []
+    blocked = {_service_of(child) for child in withheld}
+    answer = [child for child in children if _service_of(child) not in blocked]
+    answer += [as_last_applied(child) for child in request.children if _service_of(child) in blocked]
+    messages = [
+        f"{child['kind']} {child['metadata']['name']} cannot be created: this CompositeController does not "
+        f"register {child['kind']} ({child['apiVersion']}); enable "
+        f"{ENABLING_COMPONENTS.get(child['kind'], 'it in metacontroller/compositecontroller.yaml')}"
+        for child in withheld
+    ]
+    return answer, messages
 
 
 def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> dict[str, Any]:

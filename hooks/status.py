@@ -12,8 +12,7 @@ from typing import Any
 from hooks.api import InferaDeployment
 from hooks.contract import child_key
 from hooks.renderers.common import child_name
-
-WORKLOAD_KINDS = ("Deployment",)
+from hooks.renderers.workloads import workload_kind
 
 Clock = Callable[[], str]
 
@@ -46,13 +45,13 @@ def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, 
     by_key = {child_key(child): child for child in observed}
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
-        name = child_name(idep, service)
-        workload = next((by_key[(kind, name)] for kind in WORKLOAD_KINDS if (kind, name) in by_key), None)
+        kind = workload_kind(svc)
+        workload = by_key.get((kind, child_name(idep, service)))
         if workload is None:
-            statuses[service] = {"kind": WORKLOAD_KINDS[0], "replicas": svc.replicas, "readyReplicas": 0}
+            statuses[service] = {"kind": kind, "replicas": svc.replicas, "readyReplicas": 0}
             continue
         statuses[service] = {
-            "kind": workload["kind"],
+            "kind": kind,
             "replicas": _as_int((workload.get("spec") or {}).get("replicas", svc.replicas)),
             "readyReplicas": _as_int((workload.get("status") or {}).get("readyReplicas")),
         }
@@ -65,7 +64,10 @@ def roll_up(
     previous: dict[str, Any],
     now: Clock,
     notices: list[str] = (),
+    unregistered: list[str] = (),
 ) -> dict[str, Any]:
+    """`notices` are changes that could not be applied; `unregistered` names children withheld
+    because the CompositeController does not register their kind (the graph is then failed)."""
     generation = idep.metadata.generation
     services = service_statuses(idep, observed)
     # Readiness is judged against the spec: a replica that was never created is not ready.
@@ -86,13 +88,19 @@ def roll_up(
     else:
         state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"
     spec_message = "; ".join(notices) if notices else "spec is valid and rendered"
+    kinds_condition = (
+        ("False", "KindNotRegistered", "; ".join(unregistered))
+        if unregistered
+        else ("True", "AllRegistered", "every child kind the spec needs is registered")
+    )
     return {
-        "state": state,
-        "message": "; ".join([message, *notices]),
+        "state": "failed" if unregistered else state,
+        "message": "; ".join([*unregistered, message, *notices]),
         "readyServices": f"{total - len(waiting)}/{total}",
         "services": services,
         "conditions": [
             _condition("Ready", "True" if state == "ready" else "False", reason, message, generation, previous, now),
+            _condition("ChildKindsRegistered", *kinds_condition, generation, previous, now),
             _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
         ],
     }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import jsonschema
 import pytest
 import yaml
@@ -87,9 +88,14 @@ def load_yaml(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def controller() -> dict[str, Any]:
-    """The CompositeController of our bundle, as Metacontroller puts it in every request."""
+def controller(*components: str) -> dict[str, Any]:
+    """The CompositeController of our bundle with the named kustomize components applied
+    (their JSON patches), as Metacontroller puts it in every request."""
     (composite,) = load_yaml(REPO / "metacontroller" / "compositecontroller.yaml")
+    for component in components:
+        (kustomization,) = load_yaml(REPO / "metacontroller" / "components" / component / "kustomization.yaml")
+        for patch in kustomization["patches"]:
+            composite = jsonpatch.apply_patch(composite, yaml.safe_load(patch["patch"]))
     return composite
 
 

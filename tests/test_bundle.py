@@ -1,6 +1,8 @@
 """`kubectl apply -k .`: what the install bundle renders, validated object by object."""
 
+import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,3 +80,58 @@ def test_hook_deployment_is_locked_down_and_probed(bundle) -> None:
 def test_bundle_crd_is_the_generated_one(bundle) -> None:
     committed = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
     assert bundle[("CustomResourceDefinition", "inferadeployments.infera.amd.com")] == committed
+
+
+def render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
+    """Render a user's kustomization placed next to a checkout named infera-hooks."""
+    kubectl = need_kubectl()
+    (tmp_path / "infera-hooks").symlink_to(REPO, target_is_directory=True)
+    overlay = tmp_path / "my-install"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(kustomization)
+    rendered = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def readme_overlay() -> str:
+    section = (REPO / "README.md").read_text().split("## Optional child kinds", 1)[1]
+    return re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1)
+
+
+CORE = [
+    ("apps/v1", "deployments"),
+    ("v1", "services"),
+    ("apps/v1", "statefulsets"),
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"),
+]
+LWS = [("leaderworkerset.x-k8s.io/v1", "leaderworkersets")]
+GAIE = [("inference.networking.k8s.io/v1", "inferencepools"), ("gateway.networking.k8s.io/v1", "httproutes")]
+
+
+@pytest.mark.parametrize(
+    ("components", "registered"),
+    [(["lws"], CORE + LWS), (["gaie"], CORE + GAIE), (["lws", "gaie"], CORE + LWS + GAIE)],
+    ids=["lws", "gaie", "both"],
+)
+def test_components_add_their_kinds(tmp_path: Path, components: list[str], registered: list) -> None:
+    need_schemas()
+    listed = "".join(f"  - ../infera-hooks/metacontroller/components/{c}\n" for c in components)
+    objects = render_overlay(
+        tmp_path,
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - ../infera-hooks\ncomponents:\n{listed}",
+    )
+    for obj in objects:
+        validate_object(obj)
+    (composite,) = [obj for obj in objects if obj["kind"] == "CompositeController"]
+    children = composite["spec"]["childResources"]
+    assert [(c["apiVersion"], c["resource"]) for c in children] == registered
+    assert all(c["updateStrategy"] == {"method": "InPlace"} for c in children)
+
+
+def test_readme_overlay_enables_both_components(tmp_path: Path) -> None:
+    objects = render_overlay(tmp_path, readme_overlay())
+    (composite,) = [obj for obj in objects if obj["kind"] == "CompositeController"]
+    assert [(c["apiVersion"], c["resource"]) for c in composite["spec"]["childResources"]] == CORE + LWS + GAIE

@@ -47,7 +47,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 9
+    assert len(rules) == 10
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -90,6 +90,7 @@ CASES = [
     ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), api.GAIE_REQUIRED_RULE),
     ("role on a server", service_change("server", role="prefill"), api.SERVER_ROLE_RULE),
     ("gpu on a server", service_change("server", resources={"gpu": 1}), api.SERVER_GPU_RULE),
+    ("multi-node server", service_change("server", numberOfNodes=2), api.SERVER_NODES_RULE),
     ("no worker", only_servers, api.ONE_WORKER_RULE),
     ("service named nats", add_service("nats"), api.RESERVED_NAMES_RULE),
     ("service named disc", add_service("disc", "server"), api.RESERVED_NAMES_RULE),

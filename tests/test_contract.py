@@ -147,10 +147,10 @@ def test_child_without_last_applied_is_kept_without_server_fields(hooks) -> None
 
 def test_not_yet_rendered_features_fail_loudly(hooks) -> None:
     obj = parent(PD)
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj["spec"]["gaie"] = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
     answer = hooks.sync(obj)
     assert answer["status"]["state"] == "failed"
-    assert "services.decode.numberOfNodes > 1" in answer["status"]["message"]
+    assert "gaie.enabled (Inference Gateway) is not rendered by this release" in answer["status"]["message"]
 
 
 def test_finalize_releases_children_then_finalizes(hooks) -> None:
@@ -176,12 +176,15 @@ def test_metacontroller_sample_envelopes_parse(hooks) -> None:
         body["parent"] = parent(PD) | {"metadata": body["parent"]["metadata"]}
         answer = hooks.hook(path, body)
         if path == "/sync":
-            # The sample's observed child is not ours: it is pruned, ours are created.
+            # The sample controller registers only Deployments and Services: the NATS broker and
+            # the discovery identity are withheld (with a reason), the rest is rendered, and the
+            # sample's own observed Deployment (not ours) is pruned.
             assert sorted(c["metadata"]["name"] for c in answer["children"]) == [
-                "llama-decode", "llama-disc", "llama-disc", "llama-disc", "llama-nats", "llama-nats",
-                "llama-prefill", "llama-server", "llama-server",
+                "llama-decode", "llama-prefill", "llama-server", "llama-server",
             ]
-            assert answer["status"]["state"] == "pending"
+            assert answer["status"]["state"] == "failed"
+            for kind in ("StatefulSet llama-nats", "ServiceAccount llama-disc", "Role llama-disc", "RoleBinding llama-disc"):
+                assert f"{kind} cannot be created: this CompositeController does not register" in answer["status"]["message"]
         else:
             assert answer == {
                 "status": {"state": "terminating", "message": "all children deleted"},

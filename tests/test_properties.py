@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, load_yaml, parent, request_body
+from tests.conftest import REPO, controller, load_yaml, parent, request_body
 from tests.simulator import Metacontroller
 
 SETTINGS = settings(
@@ -56,6 +56,7 @@ def service(component: str) -> st.SearchStrategy[dict[str, Any]]:
     }
     if component == "worker":
         optional["role"] = st.sampled_from(["mixed", "prefill", "decode"])
+        optional["numberOfNodes"] = st.integers(1, 3)
     return st.fixed_dictionaries({"componentType": st.just(component)}, optional=optional)
 
 
@@ -88,12 +89,14 @@ def idep(spec: dict[str, Any]) -> dict[str, Any]:
 @SETTINGS
 @given(spec=valid_specs())
 def test_valid_specs_render_valid_children_and_converge(hooks, spec: dict[str, Any]) -> None:
-    mc = Metacontroller(hooks, idep(spec))
+    mc = Metacontroller(hooks, idep(spec), composite=controller("lws"))
     mc.converge()
     assert mc.parent["status"]["state"] == "pending" or not any(
         s.get("replicas", 1) for s in spec["services"].values()
     )
-    assert {("Deployment", f"gen-{name}") for name in spec["services"]} <= set(mc.children)
+    workloads = {("LeaderWorkerSet" if svc.get("numberOfNodes", 1) > 1 else "Deployment", f"gen-{name}")
+                 for name, svc in spec["services"].items()}
+    assert workloads <= set(mc.children)
     mc.mark_ready()
     mc.converge()
     assert mc.parent["status"]["state"] == "ready"
@@ -134,12 +137,20 @@ def test_mutated_specs_never_500_and_fail_loudly_keeping_children(hooks, spec: d
     assert reply.status == 200, reply.body
     answer = reply.json
     status = answer["status"]
-    if status["state"] == "failed":
-        assert status["message"].strip()
-        assert [c for c in status["conditions"] if c["type"] == "SpecValid"][0]["status"] == "False"
-        kept = [json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed]
-        key = lambda child: (child["kind"], child["metadata"]["name"])  # noqa: E731
-        assert sorted(answer["children"], key=key) == sorted(kept, key=key)
+    conditions = {c["type"]: c for c in status.get("conditions", [])}
+    key = lambda child: (child["kind"], child["metadata"]["name"])  # noqa: E731
+    kept = {key(c): json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed}
+    if conditions["SpecValid"]["status"] == "False":
+        assert status["state"] == "failed" and status["message"].strip()
+        assert sorted(answer["children"], key=key) == sorted(kept.values(), key=key)
+    elif conditions["ChildKindsRegistered"]["status"] == "False":
+        # The services that need an unregistered kind keep what they have, exactly.
+        assert status["state"] == "failed" and status["message"].strip()
+        answered = {key(c): c for c in answer["children"]}
+        for withheld in status["message"].split("; "):
+            if "cannot be created" in withheld:
+                name = withheld.split(" ")[1]
+                assert all(answered[k] == v for k, v in kept.items() if k[1] == name)
     else:
         hooks.hook("/sync", request_body(bad, []))  # validates every child against its schema
 

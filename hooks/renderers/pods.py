@@ -19,6 +19,9 @@ DEFAULT_DRAIN_TIMEOUT_SECONDS = 30
 # Headroom after the drain for the engine to exit and deregister before SIGKILL.
 SHUTDOWN_SLACK_SECONDS = 20
 
+# torch.distributed rendezvous port on the group leader of a multi-node (LeaderWorkerSet) pool.
+DIST_INIT_PORT = 5000
+
 # Engine health can stall for seconds under a full batch; a slow answer must not flap readiness.
 WORKER_READINESS_PROBE = {
     "failureThreshold": 3,
@@ -39,6 +42,25 @@ def transport_flags(idep: InferaDeployment) -> list[str]:
     return ["--kv-event-transport", "nats", "--nats-server", url] if url else []
 
 
+def rendezvous_flags(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
+    """How the ranks of a multi-node group find each other, for SGLang.
+
+    The LeaderWorkerSet controller injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX into every
+    pod, and Kubernetes expands `$(VAR)` in the command, so no shell wrapper is needed. A flag
+    the user already passes in args is left to them. vLLM spans nodes with a Ray cluster whose
+    leader and workers run different commands: nothing is injected for it (see the README).
+    """
+    if svc.number_of_nodes == 1 or idep.spec.backend_framework != "sglang":
+        return []
+    flags = {
+        "--nnodes": str(svc.number_of_nodes),
+        "--node-rank": "$(LWS_WORKER_INDEX)",
+        "--dist-init-addr": f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}",
+    }
+    args = svc.args or []
+    return [part for flag, value in flags.items() if _flag_value(args, flag) is None for part in (flag, value)]
+
+
 def main_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
     """The injected part of the entrypoint; the service's `args` follow it."""
     module = f"infera.engine.{idep.spec.backend_framework}" if svc.is_worker else "infera.server"
@@ -48,7 +70,7 @@ def main_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
         command += ["--disaggregation-mode", svc.role]
     if not svc.is_worker and idep.spec.gaie.enabled:
         command += ["--router-mode", "direct"]
-    return command + transport_flags(idep)
+    return command + transport_flags(idep) + rendezvous_flags(idep, svc)
 
 
 def _field_env(name: str, field_path: str) -> dict:
@@ -95,8 +117,8 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     """The value argparse would see for `flag` (the last occurrence wins)."""
     value = None
     for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            value = args[index + 1]
+        if arg == flag:
+            value = args[index + 1] if index + 1 < len(args) else ""
         elif arg.startswith(flag + "="):
             value = arg[len(flag) + 1 :]
     return value
@@ -151,7 +173,7 @@ def pod_metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict
     return metadata
 
 
-def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict]) -> dict:
+def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict], leader: bool) -> dict:
     container: dict = {
         "name": MAIN_CONTAINER,
         "image": svc.image or idep.spec.image,
@@ -167,7 +189,8 @@ def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict]) ->
     if svc.resources.shared_memory:
         container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     if svc.is_worker:
-        if not svc.skip_readiness_probe:
+        # Only the pod that serves HTTP (rank 0 of a group) can answer /health.
+        if leader and not svc.skip_readiness_probe:
             container["readinessProbe"] = {
                 "httpGet": {"path": "/health", "port": PORT_NAME, "scheme": "HTTP"},
                 **WORKER_READINESS_PROBE,
@@ -178,12 +201,13 @@ def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict]) ->
     return container
 
 
-def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader: bool = True) -> dict:
+    """The pod of a single-node service, or of one rank of a multi-node group (`leader`: rank 0)."""
     if svc.extra_pod_spec is not None:
         raise SpecError(f"services.{service}.extraPodSpec is accepted but not rendered by this release")
     env = container_env(idep, svc)
     spec: dict = {
-        "containers": [main_container(idep, svc, env)],
+        "containers": [main_container(idep, svc, env, leader)],
         # Always set: were it dropped (etcd discovery), the API server's deprecated
         # `serviceAccount` alias would keep pointing pods at the deleted discovery account.
         "serviceAccountName": discovery.service_account_name(idep) or "default",

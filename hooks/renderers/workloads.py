@@ -1,8 +1,14 @@
-"""The workload of each single-node service: a Deployment."""
+"""The workload of each service: a Deployment, or a LeaderWorkerSet for a multi-node pool."""
 
 from hooks.api import InferaDeployment, ServiceSpec
 from hooks.renderers.common import object_metadata, selector_labels
 from hooks.renderers.pods import pod_template
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+
+
+def workload_kind(svc: ServiceSpec) -> str:
+    return "LeaderWorkerSet" if svc.number_of_nodes > 1 else "Deployment"
 
 
 def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
@@ -21,3 +27,34 @@ def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
         "metadata": object_metadata(idep, service),
         "spec": spec,
     }
+
+
+def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    """One model instance spanning `numberOfNodes` pods; `replicas` counts such groups."""
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": object_metadata(idep, service),
+        "spec": {
+            "replicas": svc.replicas,
+            # Workers start with the leader: with LeaderReady the leader could never turn ready,
+            # since its /health waits for the ranks that would wait for it.
+            "startupPolicy": "LeaderCreated",
+            # No spare GPUs for a surge group: replace one group at a time.
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "leaderWorkerTemplate": {
+                "size": svc.number_of_nodes,
+                # A rank that dies breaks the collective for the whole group: restart it as a unit.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": pod_template(idep, service, svc, leader=True),
+                "workerTemplate": pod_template(idep, service, svc, leader=False),
+            },
+        },
+    }
+
+
+def workload(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    return leader_worker_set(idep, service, svc) if svc.number_of_nodes > 1 else deployment(idep, service, svc)

@@ -1,0 +1,100 @@
+"""spec.patches: JSON patches on rendered children, and loud failure when one does not apply."""
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, controller, need_schemas, parent, request_body
+from tests.simulator import Metacontroller
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+
+
+def with_patches(*patches: dict[str, Any]) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["spec"]["patches"] = list(patches)
+    return obj
+
+
+def child(answer: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [c for c in answer["children"] if c["kind"] == kind and c["metadata"]["name"] == name]
+    return found
+
+
+def test_patch_adds_fields_the_api_does_not_model(hooks) -> None:
+    answer = hooks.sync(with_patches(
+        {"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+         "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"gpu.amd.com/family": "mi300x"}},
+                   {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "example.com/engine:v9"}]},
+        {"target": {"kind": "Service", "name": "qwen-pd-server"},
+         "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/lb": "internal"}}]},
+    ))
+    decode = child(answer, "Deployment", "qwen-pd-decode")["spec"]["template"]["spec"]
+    assert decode["nodeSelector"] == {"gpu.amd.com/family": "mi300x"}
+    assert decode["containers"][0]["image"] == "example.com/engine:v9"
+    assert child(answer, "Service", "qwen-pd-server")["metadata"]["annotations"] == {"example.com/lb": "internal"}
+    assert "nodeSelector" not in child(answer, "Deployment", "qwen-pd-prefill")["spec"]["template"]["spec"]
+
+
+def test_patches_give_lws_ranks_their_own_commands(hooks) -> None:
+    """The documented vLLM path: a Ray head on the leader, Ray workers on the other ranks."""
+    need_schemas()
+    obj = with_patches(
+        {"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
+         "patch": [{"op": "replace", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/command",
+                    "value": ["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"]},
+                   {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args"}]},
+    )
+    obj["spec"]["backendFramework"] = "vllm"
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    answer = hooks.hook("/sync", request_body(obj, composite=controller("lws")))
+    template = child(answer, "LeaderWorkerSet", "qwen-pd-decode")["spec"]["leaderWorkerTemplate"]
+    assert template["workerTemplate"]["spec"]["containers"][0]["command"][-1].startswith("ray start --address")
+    assert "args" not in template["workerTemplate"]["spec"]["containers"][0]
+    assert template["leaderTemplate"]["spec"]["containers"][0]["command"][2] == "infera.engine.vllm"
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"target": {"kind": "Deployment", "name": "qwen-pd-nope"}, "patch": [{"op": "remove", "path": "/spec"}]},
+         "patches[0] (Deployment qwen-pd-nope): no such child is rendered; the children are: ServiceAccount qwen-pd-disc"),
+        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+          "patch": [{"op": "remove", "path": "/spec/template/spec/nodeSelector"}]},
+         "patches[0] (Deployment qwen-pd-decode): operation 0 (remove /spec/template/spec/nodeSelector): "
+         "can't remove a non-existent object 'nodeSelector'"),
+        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+          "patch": [{"op": "add", "path": "/spec/replicas", "value": 2}, {"op": "add", "path": "/spec/x/y", "value": 1}]},
+         "patches[0] (Deployment qwen-pd-decode): operation 1 (add /spec/x/y): path not found"),
+        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+          "patch": [{"op": "test", "path": "/spec/replicas", "value": 7}]},
+         "patches[0] (Deployment qwen-pd-decode): operation 0 (test /spec/replicas): "),
+        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+          "patch": [{"op": "replace", "path": "/metadata/name", "value": "other"}]},
+         "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind or metadata.name"),
+    ],
+    ids=["missing-target", "missing-member", "missing-path", "failed-test", "renames"],
+)
+def test_patch_that_does_not_apply_fails_and_keeps_children(hooks, patch: dict, message: str) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.converge()
+    before = {key: c["metadata"]["resourceVersion"] for key, c in mc.children.items()}
+    mc.edit(lambda spec: spec.update(patches=[patch]))
+    assert mc.child_writes(mc.sync()) == []
+    status = mc.parent["status"]
+    assert status["state"] == "failed"
+    assert status["message"].startswith(message), status["message"]
+    assert {key: c["metadata"]["resourceVersion"] for key, c in mc.children.items()} == before
+
+
+def test_removing_a_patch_reverts_the_child(hooks) -> None:
+    mc = Metacontroller(hooks, with_patches(
+        {"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+         "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"pool": "a"}}]},
+    ))
+    mc.converge()
+    mc.edit(lambda spec: spec.pop("patches"))
+    assert mc.child_writes(mc.sync()) == [("update", "Deployment", "qwen-pd-decode")]
+    assert "nodeSelector" not in mc.children[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]
+    mc.converge()
+    assert mc.sync() == []
