@@ -68,6 +68,11 @@ MULTINODE_NAME_RULE = (
     f"<metadata.name>-<service> must be at most {MAX_SET_NAME} characters for a multi-node service "
     "(its LeaderWorkerSet pods carry a revision-hash label): shorten the InferaDeployment or the service name"
 )
+GAIE_NAME_RULE = (
+    f"metadata.name must be at most {MAX_CHILD_NAME - len('-epp')} characters while gaie.enabled is true "
+    f"(the Endpoint Picker Service <metadata.name>-epp must fit in {MAX_CHILD_NAME})"
+)
+GAIE_IMAGE_RULE = "gaie.enabled needs an image for the Endpoint Picker and frontend sidecar: set gaie.eppImage or spec.image"
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -79,6 +84,7 @@ def cel(rule: str, message: str) -> dict[str, str]:
 
 
 # Rules on the whole object: only there can CEL see metadata.name next to the spec.
+GAIE_ON = "has(self.spec.gaie) && has(self.spec.gaie.enabled) && self.spec.gaie.enabled"
 ROOT_VALIDATIONS = [
     cel(f"self.spec.services.all(s, size(self.metadata.name) + 1 + size(s) <= {MAX_CHILD_NAME})", CHILD_NAME_RULE),
     cel(
@@ -91,6 +97,7 @@ ROOT_VALIDATIONS = [
         f"size(self.metadata.name) + {len('-nats')} <= {MAX_SET_NAME}",
         NATS_NAME_RULE,
     ),
+    cel(f"!({GAIE_ON}) || size(self.metadata.name) + {len('-epp')} <= {MAX_CHILD_NAME}", GAIE_NAME_RULE),
 ]
 
 
@@ -333,7 +340,11 @@ class InferaDeploymentSpec(ApiModel):
     """The desired inference graph."""
 
     model_config = with_validations(
-        cel("!has(self.discoveryBackend) || self.discoveryBackend != 'etcd' || has(self.etcdEndpoint)", ETCD_ENDPOINT_RULE)
+        cel("!has(self.discoveryBackend) || self.discoveryBackend != 'etcd' || has(self.etcdEndpoint)", ETCD_ENDPOINT_RULE),
+        cel(
+            "!has(self.gaie) || !has(self.gaie.enabled) || !self.gaie.enabled || has(self.gaie.eppImage) || has(self.image)",
+            GAIE_IMAGE_RULE,
+        ),
     )
 
     backend_framework: Literal["sglang", "vllm"] = "sglang"
@@ -378,6 +389,18 @@ class InferaDeploymentSpec(ApiModel):
                 )
         return services
 
+    def _gaie_rules(self) -> None:
+        if not (self.gaie.tokenizer_path and self.gaie.gateway_name):
+            raise ValueError(GAIE_REQUIRED_RULE)
+        if not (self.gaie.epp_image or self.image):
+            raise ValueError(GAIE_IMAGE_RULE)
+        for name, service in sorted(self.services.items()):
+            if service.is_worker and service.effective_port == self.gaie.frontend_port:
+                raise ValueError(
+                    f"gaie.frontendPort {self.gaie.frontend_port} is also services.{name}'s port: the frontend "
+                    "sidecar shares the worker pod, so choose another frontendPort or services port"
+                )
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "InferaDeploymentSpec":
         if self.discovery_backend == "etcd" and not self.etcd_endpoint:
@@ -387,8 +410,8 @@ class InferaDeploymentSpec(ApiModel):
         reserved = sorted(set(self.services) & set(RESERVED_SERVICE_NAMES))
         if reserved:
             raise ValueError(f"{RESERVED_NAMES_RULE} (found {', '.join(reserved)})")
-        if self.gaie.enabled and not (self.gaie.tokenizer_path and self.gaie.gateway_name):
-            raise ValueError(GAIE_REQUIRED_RULE)
+        if self.gaie.enabled:
+            self._gaie_rules()
         for name, service in self.services.items():
             if not (service.image or self.image or service.extra_pod_spec):
                 raise ValueError(f"services.{name} has no image: set spec.image or services.{name}.image")
@@ -496,6 +519,8 @@ class InferaDeployment(BaseModel):
                 raise ValueError(f"{MULTINODE_NAME_RULE} ({child} has {len(child)})")
         if self.spec.nats.deploy and len(self.name) + len("-nats") > MAX_SET_NAME:
             raise ValueError(NATS_NAME_RULE)
+        if self.spec.gaie.enabled and len(self.name) + len("-epp") > MAX_CHILD_NAME:
+            raise ValueError(GAIE_NAME_RULE)
         return self
 
     @property

@@ -11,7 +11,8 @@ from typing import Any
 
 from hooks.api import InferaDeployment
 from hooks.contract import child_key
-from hooks.renderers.common import child_name
+from hooks.renderers import gaie
+from hooks.renderers.common import EPP_SUFFIX, child_name
 from hooks.renderers.workloads import workload_kind
 
 Clock = Callable[[], str]
@@ -58,6 +59,53 @@ def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, 
     return statuses
 
 
+def _accepted(obj: dict[str, Any] | None) -> bool:
+    """A parent (Gateway) reports the object Accepted=True in status.parents[].conditions."""
+    parents = ((obj or {}).get("status") or {}).get("parents") or []
+    return any(
+        c.get("type") == "Accepted" and c.get("status") == "True"
+        for parent in parents if isinstance(parent, dict)
+        for c in parent.get("conditions") or [] if isinstance(c, dict)
+    )
+
+
+def _reports_conditions(obj: dict[str, Any]) -> bool:
+    return any(isinstance(p, dict) and p.get("conditions") for p in (obj.get("status") or {}).get("parents") or [])
+
+
+def gaie_status(idep: InferaDeployment, observed: list[dict]) -> dict[str, Any]:
+    """The Inference Gateway objects as their controllers report them."""
+    by_key = {child_key(child): child for child in observed}
+    epp = by_key.get(("Deployment", child_name(idep, EPP_SUFFIX))) or {}
+    pool = by_key.get(("InferencePool", gaie.pool_name(idep)))
+    route = by_key.get(("HTTPRoute", gaie.route_name(idep)))
+    epp_replicas = _as_int((epp.get("spec") or {}).get("replicas", 1))
+    epp_ready = _as_int((epp.get("status") or {}).get("readyReplicas"))
+    # A pool is ready once it exists, or, when its gateway writes conditions, once Accepted.
+    pool_ready = pool is not None and (_accepted(pool) or not _reports_conditions(pool))
+    route_accepted = _accepted(route)
+    return {
+        "eppReplicas": epp_replicas,
+        "eppReadyReplicas": epp_ready,
+        "inferencePoolName": gaie.pool_name(idep),
+        "httpRouteName": gaie.route_name(idep),
+        "inferencePoolReady": pool_ready,
+        "httpRouteAccepted": route_accepted,
+        "ready": epp_ready >= 1 and pool_ready and route_accepted,
+    }
+
+
+def _gaie_waiting(status: dict[str, Any]) -> str | None:
+    if status["ready"]:
+        return None
+    parts = [f"EPP {status['eppReadyReplicas']}/{status['eppReplicas']} ready"]
+    if not status["inferencePoolReady"]:
+        parts.append(f"InferencePool {status['inferencePoolName']} not accepted")
+    if not status["httpRouteAccepted"]:
+        parts.append(f"HTTPRoute {status['httpRouteName']} not accepted")
+    return "gateway: " + ", ".join(parts)
+
+
 def roll_up(
     idep: InferaDeployment,
     observed: list[dict],
@@ -77,14 +125,21 @@ def roll_up(
         if status["readyReplicas"] < idep.spec.services[service].replicas
     }
     total = len(services)
+    gateway = gaie_status(idep, observed) if idep.spec.gaie.enabled else None
+    gateway_waiting = _gaie_waiting(gateway) if gateway else None
     if not observed:
         state, reason, message = "initializing", "Initializing", f"creating {total} services"
-    elif waiting:
-        details = "; ".join(
+    elif waiting or gateway_waiting:
+        details = [
             f"{service} {status['readyReplicas']}/{idep.spec.services[service].replicas} ready"
             for service, status in waiting.items()
-        )
-        state, reason, message = "pending", "ServicesNotReady", f"{details}; waiting on {len(waiting)} of {total} services"
+        ]
+        if waiting:
+            details.append(f"waiting on {len(waiting)} of {total} services")
+        if gateway_waiting:
+            details.append(gateway_waiting)
+        reason = "ServicesNotReady" if waiting else "GatewayNotReady"
+        state, message = "pending", "; ".join(details)
     else:
         state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"
     spec_message = "; ".join(notices) if notices else "spec is valid and rendered"
@@ -93,7 +148,7 @@ def roll_up(
         if unregistered
         else ("True", "AllRegistered", "every child kind the spec needs is registered")
     )
-    return {
+    status = {
         "state": "failed" if unregistered else state,
         "message": "; ".join([*unregistered, message, *notices]),
         "readyServices": f"{total - len(waiting)}/{total}",
@@ -104,6 +159,9 @@ def roll_up(
             _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
         ],
     }
+    if gateway:
+        status["gaie"] = gateway
+    return status
 
 
 def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> dict[str, Any]:

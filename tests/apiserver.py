@@ -7,9 +7,13 @@ it would on a cluster.
 """
 
 import copy
+from functools import cache
 from typing import Any
 
+import yaml
+
 from hooks.quantity import canonical_quantity
+from tests.conftest import SCHEMAS
 
 PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
 
@@ -67,10 +71,42 @@ def _pod_spec(spec: dict[str, Any]) -> None:
             empty_dir["sizeLimit"] = canonical_quantity(str(empty_dir["sizeLimit"]))
 
 
+@cache
+def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> openAPIV3Schema of the upstream CRDs (LWS, InferencePool, HTTPRoute)."""
+    schemas = {}
+    for path in sorted(SCHEMAS.glob("*.yaml")) if SCHEMAS.is_dir() else []:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                for version in doc["spec"]["versions"]:
+                    key = (f"{doc['spec']['group']}/{version['name']}", doc["spec"]["names"]["kind"])
+                    schemas[key] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _apply_crd_defaults(schema: dict[str, Any], value: Any) -> None:
+    """Structural defaulting, as the API server does for custom resources."""
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                _apply_crd_defaults(sub, value[name])
+        if isinstance(schema.get("additionalProperties"), dict):
+            for item in value.values():
+                _apply_crd_defaults(schema["additionalProperties"], item)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            _apply_crd_defaults(schema["items"], item)
+
+
 def store(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as the API server would return it after a create or update."""
     obj = copy.deepcopy(obj)
     kind, spec = obj["kind"], obj.get("spec")
+    crd_schema = _crd_schemas().get((obj["apiVersion"], kind))
+    if crd_schema is not None:
+        _apply_crd_defaults({**crd_schema, "properties": {"spec": crd_schema["properties"]["spec"]}}, obj)
     if kind == "Deployment":
         spec.setdefault("revisionHistoryLimit", 10)
         spec.setdefault("progressDeadlineSeconds", 600)

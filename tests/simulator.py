@@ -77,6 +77,10 @@ class Metacontroller:
                 count = desired if count is None else count
                 child["status"] = {"replicas": desired, "readyReplicas": count, "observedGeneration": 1}
 
+    def set_status(self, kind: str, name: str, status: dict[str, Any]) -> None:
+        """Another controller (a Gateway, say) writes a child's status."""
+        self.children[(kind, name)]["status"] = status
+
     def _stamp(self, desired: dict[str, Any]) -> dict[str, Any]:
         """What Metacontroller applies: the namespace and the generated selector's label added."""
         stamped = copy.deepcopy(desired)

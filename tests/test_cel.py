@@ -47,7 +47,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 10
+    assert len(rules) == 12
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -84,8 +84,27 @@ def only_servers(obj: dict) -> None:
     obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"]}
 
 
+GAIE_ON = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
+
+
+def gaie_without_image(obj: dict) -> None:
+    image = obj["spec"].pop("image")
+    for svc in obj["spec"]["services"].values():
+        svc["image"] = image
+    obj["spec"]["gaie"] = dict(GAIE_ON)
+
+
+def gaie_with_long_name(obj: dict) -> None:
+    obj["metadata"]["name"] = "g" * 60
+    obj["spec"]["nats"] = {"deploy": False}
+    obj["spec"]["gaie"] = dict(GAIE_ON)
+    obj["spec"]["services"] = {"a": {"componentType": "worker"}, "b": {"componentType": "server"}}
+
+
 CASES = [
     ("etcd without endpoint", spec_change(discoveryBackend="etcd"), api.ETCD_ENDPOINT_RULE),
+    ("gaie without image", gaie_without_image, api.GAIE_IMAGE_RULE),
+    ("gaie name over 59", gaie_with_long_name, api.GAIE_NAME_RULE),
     ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), api.GAIE_REQUIRED_RULE),
     ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), api.GAIE_REQUIRED_RULE),
     ("role on a server", service_change("server", role="prefill"), api.SERVER_ROLE_RULE),

@@ -147,10 +147,10 @@ def test_child_without_last_applied_is_kept_without_server_fields(hooks) -> None
 
 def test_not_yet_rendered_features_fail_loudly(hooks) -> None:
     obj = parent(PD)
-    obj["spec"]["gaie"] = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
+    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"nodeSelector": {"a": "b"}}
     answer = hooks.sync(obj)
     assert answer["status"]["state"] == "failed"
-    assert "gaie.enabled (Inference Gateway) is not rendered by this release" in answer["status"]["message"]
+    assert "services.decode.extraPodSpec is accepted but not rendered by this release" in answer["status"]["message"]
 
 
 def test_finalize_releases_children_then_finalizes(hooks) -> None:

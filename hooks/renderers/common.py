@@ -7,10 +7,13 @@ SERVICE_LABEL = "infera.amd.com/service"
 COMPONENT_LABEL = "infera.amd.com/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "infera-hooks"
+# On the worker pods that carry the GAIE frontend sidecar: the InferencePool selects on it.
+GAIE_FRONTEND_LABEL = "infera.amd.com/gaie-frontend"
 
 # Suffixes of the plumbing children; a service of the same name would collide with them.
 NATS_SUFFIX = "nats"
 DISCOVERY_SUFFIX = "disc"
+EPP_SUFFIX = "epp"
 
 
 def child_name(idep: InferaDeployment, suffix: str) -> str:

@@ -5,10 +5,12 @@ import math
 from hooks.api import EnvVar, InferaDeployment, ServiceSpec, SpecError
 from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, nats
-from hooks.renderers.common import COMPONENT_LABEL, identity_labels
+from hooks.renderers.common import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
 
 MAIN_CONTAINER = "main"
+FRONTEND_CONTAINER = "frontend"
 PORT_NAME = "http"
+FRONTEND_PORT_NAME = "frontend"
 SHM_VOLUME = "dshm"
 
 # Seconds between the pod being marked terminating and SIGTERM: long enough for the router
@@ -87,12 +89,17 @@ def _env_var(var: EnvVar) -> dict:
     return rendered
 
 
-def container_env(idep: InferaDeployment, svc: ServiceSpec) -> list[dict]:
-    """spec.envs, NATS_SERVER, pod identity, the server's selector, then the service's env.
+def _last_wins(env: list[dict]) -> list[dict]:
+    """A name set twice keeps its first position and its last value, so users override what the
+    operator injects without producing duplicate names (which the API server only warns about)."""
+    by_name: dict[str, dict] = {}
+    for var in env:
+        by_name[var["name"]] = var
+    return list(by_name.values())
 
-    A name set twice keeps its first position and its last value, so users override what the
-    operator injects without producing duplicate names (which the API server only warns about).
-    """
+
+def operator_env(idep: InferaDeployment, router: bool) -> list[dict]:
+    """spec.envs, NATS_SERVER, pod identity, and for routers (infera.server) the selector."""
     env = [_env_var(v) for v in idep.spec.envs or []]
     url = nats.client_url(idep)
     if url:
@@ -103,14 +110,14 @@ def container_env(idep: InferaDeployment, svc: ServiceSpec) -> list[dict]:
         # Workers advertise their pod IP to the router, so no hostNetwork is needed.
         _field_env("POD_IP", "status.podIP"),
     ]
-    if not svc.is_worker and idep.spec.discovery_backend == "kubernetes":
+    if router and idep.spec.discovery_backend == "kubernetes":
         env.append({"name": "INFERA_K8S_LABEL_SELECTOR", "value": discovery.label_selector(idep)})
-    env += [_env_var(v) for v in svc.env or []]
+    return _last_wins(env)
 
-    by_name: dict[str, dict] = {}
-    for var in env:
-        by_name[var["name"]] = var
-    return list(by_name.values())
+
+def container_env(idep: InferaDeployment, svc: ServiceSpec) -> list[dict]:
+    """The operator's env, then the service's own env, which wins."""
+    return _last_wins(operator_env(idep, router=not svc.is_worker) + [_env_var(v) for v in svc.env or []])
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:
@@ -163,6 +170,8 @@ def pod_metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict
     """infera* labels/annotations of the parent, then the service's own, then identity."""
     labels = {k: v for k, v in idep.metadata.labels.items() if k.startswith("infera")}
     labels |= svc.pod_labels or {}
+    # Only the operator decides which pods the InferencePool selects.
+    labels.pop(GAIE_FRONTEND_LABEL, None)
     labels |= identity_labels(idep, service)
     labels[COMPONENT_LABEL] = svc.component_type
     annotations = {k: v for k, v in idep.metadata.annotations.items() if k.startswith("infera")}
@@ -201,6 +210,34 @@ def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict], le
     return container
 
 
+def gaie_image(idep: InferaDeployment) -> str | None:
+    return idep.spec.gaie.epp_image or idep.spec.image
+
+
+def frontend_sidecar(idep: InferaDeployment) -> dict:
+    """The GAIE frontend: an infera.server in direct mode next to the engine, where the
+    Inference Gateway sends the requests its Endpoint Picker assigned to this pod."""
+    gaie = idep.spec.gaie
+    port = gaie.frontend_port
+    command = ["python3", "-m", "infera.server", "--host", "0.0.0.0", "--port", str(port), "--router-mode", "direct"]
+    command += ["--router-tokenizer-path", gaie.tokenizer_path or ""]
+    command += discovery_flags(idep) + transport_flags(idep)
+    return {
+        "name": FRONTEND_CONTAINER,
+        "image": gaie_image(idep),
+        "command": command,
+        "ports": [{"name": FRONTEND_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": operator_env(idep, router=True),
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/models", "port": FRONTEND_PORT_NAME, "scheme": "HTTP"},
+            "failureThreshold": 3,
+            "periodSeconds": 10,
+            "successThreshold": 1,
+            "timeoutSeconds": 5,
+        },
+    }
+
+
 def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader: bool = True) -> dict:
     """The pod of a single-node service, or of one rank of a multi-node group (`leader`: rank 0)."""
     if svc.extra_pod_spec is not None:
@@ -224,5 +261,10 @@ def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader:
                 "emptyDir": {"medium": "Memory", "sizeLimit": svc.resources.shared_memory},
             }
         ]
-    return {"metadata": pod_metadata(idep, service, svc), "spec": spec}
+    metadata = pod_metadata(idep, service, svc)
+    # The serving pod of each worker replica (rank 0 of a group) joins the InferencePool.
+    if idep.spec.gaie.enabled and svc.is_worker and leader:
+        spec["containers"].append(frontend_sidecar(idep))
+        metadata["labels"][GAIE_FRONTEND_LABEL] = "true"
+    return {"metadata": metadata, "spec": spec}
 

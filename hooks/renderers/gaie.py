@@ -1,0 +1,148 @@
+"""The Inference Gateway front door: Endpoint Picker (Deployment + Service), InferencePool and
+HTTPRoute. The frontend sidecar it routes to lives in the worker pods (pods.frontend_sidecar)."""
+
+from hooks.api import InferaDeployment
+from hooks.renderers import discovery
+from hooks.renderers.common import (
+    DEPLOYMENT_LABEL,
+    EPP_SUFFIX,
+    GAIE_FRONTEND_LABEL,
+    child_name,
+    identity_labels,
+    object_metadata,
+    selector_labels,
+)
+from hooks.renderers.pods import discovery_flags, gaie_image, operator_env, transport_flags
+
+EXT_PROC_PORT = 9002
+HEALTH_PORT = 9003
+POOL_API_VERSION = "inference.networking.k8s.io/v1"
+ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
+# The GAIE Endpoint Picker protocol's gRPC health service name.
+HEALTH_SERVICE = "inference-extension"
+
+
+def pool_name(idep: InferaDeployment) -> str:
+    return child_name(idep, "pool")
+
+
+def route_name(idep: InferaDeployment) -> str:
+    return child_name(idep, "route")
+
+
+def epp_command(idep: InferaDeployment) -> list[str]:
+    gaie = idep.spec.gaie
+    command = ["python3", "-m", "infera.gaie", "--grpc-port", str(EXT_PROC_PORT), "--grpc-health-port", str(HEALTH_PORT)]
+    command += ["--tokenizer-path", gaie.tokenizer_path or ""]
+    if gaie.model_name:
+        command += ["--model-name", gaie.model_name]
+    return command + discovery_flags(idep) + transport_flags(idep)
+
+
+def epp_deployment(idep: InferaDeployment) -> dict:
+    container = {
+        "name": "epp",
+        "image": gaie_image(idep),
+        "command": epp_command(idep),
+        "ports": [
+            {"name": "grpc-ext-proc", "containerPort": EXT_PROC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+        ],
+        "env": operator_env(idep, router=True),
+        "readinessProbe": {
+            "grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE},
+            "failureThreshold": 3,
+            "periodSeconds": 10,
+            "successThreshold": 1,
+            "timeoutSeconds": 5,
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_metadata(idep, EPP_SUFFIX),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector_labels(idep, EPP_SUFFIX)},
+            "template": {
+                "metadata": {"labels": identity_labels(idep, EPP_SUFFIX)},
+                "spec": {
+                    "containers": [container],
+                    "serviceAccountName": discovery.service_account_name(idep) or "default",
+                },
+            },
+        },
+    }
+
+
+def epp_service(idep: InferaDeployment) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_metadata(idep, EPP_SUFFIX),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(idep, EPP_SUFFIX),
+            # The gateway speaks gRPC (HTTP/2 without TLS) to the ext-proc port.
+            "ports": [
+                {"name": "grpc-ext-proc", "port": EXT_PROC_PORT, "targetPort": "grpc-ext-proc",
+                 "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+            ],
+        },
+    }
+
+
+def inference_pool(idep: InferaDeployment) -> dict:
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": "InferencePool",
+        "metadata": object_metadata(idep, EPP_SUFFIX, pool_name(idep)),
+        "spec": {
+            # Exactly the worker pods that carry the frontend sidecar: never the EPP or a server.
+            "selector": {"matchLabels": {DEPLOYMENT_LABEL: idep.name, GAIE_FRONTEND_LABEL: "true"}},
+            "targetPorts": [{"number": idep.spec.gaie.frontend_port}],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": child_name(idep, EPP_SUFFIX),
+                "port": {"number": EXT_PROC_PORT},
+            },
+        },
+    }
+
+
+def http_route(idep: InferaDeployment) -> dict:
+    gaie = idep.spec.gaie
+    spec: dict = {
+        "parentRefs": [
+            {
+                "group": "gateway.networking.k8s.io",
+                "kind": "Gateway",
+                "name": gaie.gateway_name,
+                "namespace": gaie.gateway_namespace or idep.metadata.namespace,
+            }
+        ],
+        # Written with the CRD's defaults filled in: Metacontroller replaces the rules list
+        # wholesale, so a rule missing a defaulted field would be re-applied on every sync.
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [
+                    {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool_name(idep), "weight": 1}
+                ],
+            }
+        ],
+    }
+    if gaie.hostnames:
+        spec["hostnames"] = list(gaie.hostnames)
+    return {
+        "apiVersion": ROUTE_API_VERSION,
+        "kind": "HTTPRoute",
+        "metadata": object_metadata(idep, EPP_SUFFIX, route_name(idep)),
+        "spec": spec,
+    }
+
+
+def render(idep: InferaDeployment) -> list[dict]:
+    if not idep.spec.gaie.enabled:
+        return []
+    return [epp_deployment(idep), epp_service(idep), inference_pool(idep), http_route(idep)]

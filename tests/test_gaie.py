@@ -1,0 +1,216 @@
+"""The Inference Gateway front door (spec.gaie): EPP, InferencePool, HTTPRoute, frontend sidecars."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, SHARED, controller, load_yaml, need, need_schemas, parent, request_body
+from tests.simulator import Metacontroller
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+WITH_GAIE = controller("gaie")
+WITH_ALL = controller("lws", "gaie")
+GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway", "modelName": "qwen3"}
+SELECTOR = "infera.amd.com/deployment=qwen-pd"
+NATS = ["--kv-event-transport", "nats", "--nats-server", "nats://qwen-pd-nats:4222"]
+
+
+def gaie_pd(**gaie: Any) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["spec"]["gaie"] = {**GAIE, **gaie}
+    return obj
+
+
+def sync(hooks, obj: dict[str, Any], composite: dict[str, Any] = WITH_GAIE) -> dict[str, Any]:
+    need_schemas()  # InferencePool, HTTPRoute and LeaderWorkerSet validate against the upstream CRDs
+    return hooks.hook("/sync", request_body(obj, composite=composite))
+
+
+def by_key(answer: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
+
+
+def pod_templates(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every pod template the answer would create pods from, by a readable name."""
+    templates = {}
+    for child in answer["children"]:
+        name = child["metadata"]["name"]
+        if child["kind"] in ("Deployment", "StatefulSet"):
+            templates[name] = child["spec"]["template"]
+        elif child["kind"] == "LeaderWorkerSet":
+            templates[f"{name}/leader"] = child["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+            templates[f"{name}/worker"] = child["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    return templates
+
+
+def test_gaie_objects(hooks) -> None:
+    answer = sync(hooks, gaie_pd(hostnames=["qwen.example.com"], gatewayNamespace="gateways"))
+    children = by_key(answer)
+    epp = children[("Deployment", "qwen-pd-epp")]
+    pod = epp["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == [
+        "python3", "-m", "infera.gaie", "--grpc-port", "9002", "--grpc-health-port", "9003",
+        "--tokenizer-path", "Qwen/Qwen3-0.6B", "--model-name", "qwen3",
+        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS,
+    ]
+    assert container["image"] == "rocm/infera:sglang-v0.1.1"
+    assert [p["containerPort"] for p in container["ports"]] == [9002, 9003]
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
+    assert pod["serviceAccountName"] == "qwen-pd-disc"
+    assert epp["spec"]["template"]["metadata"]["labels"]["infera.amd.com/service"] == "epp"
+    assert children[("Service", "qwen-pd-epp")]["spec"]["ports"] == [
+        {"name": "grpc-ext-proc", "port": 9002, "targetPort": "grpc-ext-proc", "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}
+    ]
+    pool = children[("InferencePool", "qwen-pd-pool")]["spec"]
+    assert pool == {
+        "selector": {"matchLabels": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/gaie-frontend": "true"}},
+        "targetPorts": [{"number": 8000}],
+        "endpointPickerRef": {"kind": "Service", "name": "qwen-pd-epp", "port": {"number": 9002}},
+    }
+    route = children[("HTTPRoute", "qwen-pd-route")]["spec"]
+    assert route == {
+        "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway", "namespace": "gateways"}],
+        "hostnames": ["qwen.example.com"],
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "qwen-pd-pool", "weight": 1}],
+            }
+        ],
+    }
+
+
+def test_route_defaults_to_own_namespace_and_epp_image_override(hooks) -> None:
+    children = by_key(sync(hooks, gaie_pd(eppImage="example.com/epp:v2")))
+    assert children[("HTTPRoute", "qwen-pd-route")]["spec"]["parentRefs"][0]["namespace"] == "ml"
+    assert "hostnames" not in children[("HTTPRoute", "qwen-pd-route")]["spec"]
+    assert children[("Deployment", "qwen-pd-epp")]["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/epp:v2"
+    (_, sidecar) = children[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]["containers"]
+    assert sidecar["image"] == "example.com/epp:v2"
+
+
+def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
+    obj = gaie_pd()
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj["spec"]["services"]["server"]["podLabels"] = {"infera.amd.com/gaie-frontend": "true"}  # cannot opt in
+    answer = sync(hooks, obj, WITH_ALL)
+    selector = by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["selector"]["matchLabels"]
+    selected = {
+        name for name, template in pod_templates(answer).items()
+        if selector.items() <= template["metadata"]["labels"].items()
+    }
+    assert selected == {"qwen-pd-prefill", "qwen-pd-decode/leader"}
+    for name, template in pod_templates(answer).items():
+        names = [c["name"] for c in template["spec"]["containers"]]
+        assert names == (["main", "frontend"] if name in selected else [names[0]]), name
+
+
+def test_frontend_sidecar_and_direct_router(hooks) -> None:
+    answer = sync(hooks, gaie_pd(frontendPort=8100))
+    (main, sidecar) = by_key(answer)[("Deployment", "qwen-pd-prefill")]["spec"]["template"]["spec"]["containers"]
+    assert sidecar["command"] == [
+        "python3", "-m", "infera.server", "--host", "0.0.0.0", "--port", "8100", "--router-mode", "direct",
+        "--router-tokenizer-path", "Qwen/Qwen3-0.6B",
+        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS,
+    ]
+    assert sidecar["ports"] == [{"name": "frontend", "containerPort": 8100, "protocol": "TCP"}]
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": "frontend", "scheme": "HTTP"}
+    assert "POD_IP" in [v["name"] for v in sidecar["env"]]
+    assert by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["targetPorts"] == [{"number": 8100}]
+    (server,) = by_key(answer)[("Deployment", "qwen-pd-server")]["spec"]["template"]["spec"]["containers"]
+    assert server["command"][server["command"].index("--router-mode") + 1] == "direct"
+
+
+def test_frontend_port_must_not_clash_with_a_worker(hooks) -> None:
+    status = hooks.sync(gaie_pd(frontendPort=30000))["status"]
+    assert status["state"] == "failed"
+    assert "gaie.frontendPort 30000 is also services.decode's port" in status["message"]
+
+
+def accepted(accepted: bool) -> dict[str, Any]:
+    condition = {"type": "Accepted", "status": "True" if accepted else "False", "reason": "Accepted" if accepted else "NotAllowedByListeners",
+                 "message": "", "lastTransitionTime": "2026-11-30T00:00:00Z", "observedGeneration": 1}
+    return {"parents": [{"parentRef": {"name": "inference-gateway"}, "controllerName": "example.com/gw", "conditions": [condition]}]}
+
+
+def test_status_rolls_up_gateway_readiness(hooks) -> None:
+    need_schemas()
+    mc = Metacontroller(hooks, gaie_pd(), composite=WITH_GAIE)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    status = mc.parent["status"]
+    assert status["state"] == "pending"
+    # The pool exists and its gateway writes no conditions yet: that counts as ready.
+    assert status["gaie"] == {
+        "eppReplicas": 1, "eppReadyReplicas": 1, "inferencePoolName": "qwen-pd-pool", "httpRouteName": "qwen-pd-route",
+        "inferencePoolReady": True, "httpRouteAccepted": False, "ready": False,
+    }
+    assert status["message"] == "gateway: EPP 1/1 ready, HTTPRoute qwen-pd-route not accepted"
+    assert [c["reason"] for c in status["conditions"] if c["type"] == "Ready"] == ["GatewayNotReady"]
+
+    mc.set_status("HTTPRoute", "qwen-pd-route", accepted(False))
+    mc.set_status("InferencePool", "qwen-pd-pool", accepted(False))
+    mc.converge()
+    assert mc.parent["status"]["gaie"]["inferencePoolReady"] is False
+    assert mc.parent["status"]["message"] == (
+        "gateway: EPP 1/1 ready, InferencePool qwen-pd-pool not accepted, HTTPRoute qwen-pd-route not accepted"
+    )
+
+    mc.set_status("HTTPRoute", "qwen-pd-route", accepted(True))
+    mc.set_status("InferencePool", "qwen-pd-pool", accepted(True))
+    mc.converge()
+    status = mc.parent["status"]
+    assert status["state"] == "ready" and status["gaie"]["ready"] is True
+    assert mc.sync() == []
+
+
+def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> None:
+    need_schemas()
+    mc = Metacontroller(hooks, gaie_pd(hostnames=["a.example.com"]), composite=WITH_GAIE)
+    mc.converge()
+    mc.edit(lambda spec: spec["gaie"].pop("hostnames"))
+    assert mc.child_writes(mc.sync()) == [("update", "HTTPRoute", "qwen-pd-route")]
+    assert "hostnames" not in mc.children[("HTTPRoute", "qwen-pd-route")]["spec"]
+    mc.converge()
+    mc.edit(lambda spec: spec["gaie"].update(enabled=False))
+    writes = sorted(mc.child_writes(mc.sync()))
+    assert writes == sorted([
+        ("delete", "Deployment", "qwen-pd-epp"),
+        ("delete", "Service", "qwen-pd-epp"),
+        ("delete", "InferencePool", "qwen-pd-pool"),
+        ("delete", "HTTPRoute", "qwen-pd-route"),
+        # the sidecar and pool label leave the workers; the server leaves direct mode
+        ("update", "Deployment", "qwen-pd-decode"),
+        ("update", "Deployment", "qwen-pd-prefill"),
+        ("update", "Deployment", "qwen-pd-server"),
+    ])
+    for name in ("qwen-pd-decode", "qwen-pd-prefill"):
+        template = mc.children[("Deployment", name)]["spec"]["template"]
+        assert [c["name"] for c in template["spec"]["containers"]] == ["main"]
+        assert "infera.amd.com/gaie-frontend" not in template["metadata"]["labels"]
+    mc.converge()
+    assert mc.sync() == []
+
+
+def test_unregistered_gaie_kinds_are_withheld_with_a_reason(hooks) -> None:
+    answer = hooks.sync(gaie_pd())  # the base bundle registers neither InferencePool nor HTTPRoute
+    kinds = {c["kind"] for c in answer["children"]}
+    assert not kinds & {"InferencePool", "HTTPRoute"}
+    assert ("Deployment", "qwen-pd-epp") not in by_key(answer)  # the gateway part is withheld as a unit
+    assert answer["status"]["state"] == "failed"
+    assert "enable the kustomize component metacontroller/components/gaie" in answer["status"]["message"]
+
+
+def test_upstream_gaie_sample_renders(hooks) -> None:
+    sample = SHARED / "upstream" / "examples" / "infera_v1alpha1_inferadeployment_gaie.yaml"
+    need(sample.is_file(), f"upstream GAIE sample not found at {sample}")
+    (doc,) = load_yaml(sample)
+    answer = sync(hooks, parent(copy.deepcopy(doc)))
+    assert answer["status"]["state"] == "initializing", answer["status"]
+    children = by_key(answer)
+    route = children[("HTTPRoute", "demo-gaie-route")]["spec"]
+    assert route["parentRefs"][0]["namespace"] == "my-model" and route["parentRefs"][0]["name"] == "inference-gateway"
+    assert {("Deployment", "demo-gaie-epp"), ("InferencePool", "demo-gaie-pool")} <= set(children)
