@@ -99,6 +99,18 @@ def controller(*components: str) -> dict[str, Any]:
     return composite
 
 
+def controller_for(idep: dict[str, Any]) -> dict[str, Any]:
+    """The CompositeController a user of this InferaDeployment runs: with the lws and gaie
+    components when the spec needs them."""
+    spec = idep["spec"]
+    components = []
+    if any(svc.get("numberOfNodes", 1) > 1 for svc in spec["services"].values()):
+        components.append("lws")
+    if (spec.get("gaie") or {}).get("enabled"):
+        components.append("gaie")
+    return controller(*components)
+
+
 def parent(source: Path | dict[str, Any], namespace: str = "ml", generation: int = 1) -> dict[str, Any]:
     """An InferaDeployment as the API server hands it to Metacontroller."""
     obj = copy.deepcopy(source) if isinstance(source, dict) else load_yaml(source)[0]
@@ -178,7 +190,8 @@ class HookClient:
         return answer
 
     def sync(self, parent_obj: dict[str, Any], observed: list[dict[str, Any]] = (), version: str = "v2") -> dict[str, Any]:
-        return self.hook("/sync", request_body(parent_obj, observed, version))
+        """A sync as the controller that this parent needs (base bundle plus components) sends it."""
+        return self.hook("/sync", request_body(parent_obj, observed, version, composite=controller_for(parent_obj)))
 
 
 def _free_port() -> int:

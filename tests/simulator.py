@@ -14,18 +14,31 @@ import json
 from typing import Any, Callable
 
 from tests import apiserver
-from tests.conftest import RESOURCE_KINDS, HookClient, controller, parent, request_body
+from tests.conftest import RESOURCE_KINDS, HookClient, controller_for, parent, request_body
 
 LAST_APPLIED = "metacontroller.k8s.io/last-applied-configuration"
 
 Write = tuple[str, str, str]  # (create | update | delete | status, kind, name)
 
 
+def gateway_status(accepted: bool) -> dict[str, Any]:
+    """status.parents as a Gateway controller writes it on an HTTPRoute or InferencePool."""
+    condition = {
+        "type": "Accepted",
+        "status": "True" if accepted else "False",
+        "reason": "Accepted" if accepted else "NotAllowedByListeners",
+        "message": "",
+        "lastTransitionTime": "2026-11-30T00:00:00Z",
+        "observedGeneration": 1,
+    }
+    return {"parents": [{"parentRef": {"name": "inference-gateway"}, "controllerName": "example.com/gateway", "conditions": [condition]}]}
+
+
 class Metacontroller:
     def __init__(self, client: HookClient, idep: Any, composite: dict[str, Any] | None = None) -> None:
         self.client = client
-        self.composite = composite or controller()
         self.parent = parent(idep)
+        self.composite = composite or controller_for(self.parent)
         self.parent.setdefault("status", {})
         self.children: dict[tuple[str, str], dict[str, Any]] = {}
         self.writes: list[Write] = []
@@ -80,6 +93,12 @@ class Metacontroller:
     def set_status(self, kind: str, name: str, status: dict[str, Any]) -> None:
         """Another controller (a Gateway, say) writes a child's status."""
         self.children[(kind, name)]["status"] = status
+
+    def gateway_accepts(self, accepted: bool = True) -> None:
+        """The Gateway reports every InferencePool and HTTPRoute Accepted (or not)."""
+        for (kind, name) in self.children:
+            if kind in ("InferencePool", "HTTPRoute"):
+                self.set_status(kind, name, gateway_status(accepted))
 
     def _stamp(self, desired: dict[str, Any]) -> dict[str, Any]:
         """What Metacontroller applies: the namespace and the generated selector's label added."""

@@ -11,10 +11,15 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 IDS = [path.name for path in EXAMPLES]
 
 
+def workload_kind(service: dict) -> str:
+    return "LeaderWorkerSet" if service.get("numberOfNodes", 1) > 1 else "Deployment"
+
+
 def converged(hooks, path: Path) -> Metacontroller:
     mc = Metacontroller(hooks, path)
     mc.converge()
     mc.mark_ready()
+    mc.gateway_accepts()
     mc.converge()
     assert mc.parent["status"]["state"] == "ready"
     return mc
@@ -43,9 +48,10 @@ def test_scaling_one_pool_writes_exactly_that_child(hooks, path: Path) -> None:
     idep = mc.parent["metadata"]["name"]
     worker = next(name for name, svc in sorted(mc.parent["spec"]["services"].items()) if svc["componentType"] == "worker")
     mc.edit(lambda spec: spec["services"][worker].update(replicas=spec["services"][worker].get("replicas", 1) + 2))
+    kind = workload_kind(mc.parent["spec"]["services"][worker])
     writes = mc.sync()
-    assert mc.child_writes(writes) == [("update", "Deployment", f"{idep}-{worker}")]
-    assert mc.children[("Deployment", f"{idep}-{worker}")]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
+    assert mc.child_writes(writes) == [("update", kind, f"{idep}-{worker}")]
+    assert mc.children[(kind, f"{idep}-{worker}")]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
@@ -55,7 +61,7 @@ def test_removing_a_service_prunes_exactly_its_objects(hooks, path: Path) -> Non
     services = mc.parent["spec"]["services"]
     # Remove the server when there is one (it owns a Service too), else one of several workers.
     victim = "server" if "server" in services else sorted(services)[0]
-    expected = [("delete", "Deployment", f"{idep}-{victim}")]
+    expected = [("delete", workload_kind(services[victim]), f"{idep}-{victim}")]
     if services[victim]["componentType"] == "server":
         expected.append(("delete", "Service", f"{idep}-{victim}"))
     mc.edit(lambda spec: spec["services"].pop(victim))

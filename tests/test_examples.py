@@ -14,6 +14,8 @@ def test_the_documented_examples_exist() -> None:
         "pd-disaggregated.yaml",
         "single-node-mixed.yaml",
         "etcd-discovery.yaml",
+        "gaie-pd.yaml",
+        "multinode-tp.yaml",
     }
 
 
@@ -24,6 +26,10 @@ EXPECTED = {
     "single-node-mixed.yaml": ("qwen-mixed", PLUMBING | {("Deployment", "server"), ("Service", "server"),
                                                          ("Deployment", "worker")}),
     "etcd-discovery.yaml": ("llama-etcd", {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")}),
+    "gaie-pd.yaml": ("qwen-gaie", PLUMBING | {("Deployment", "prefill"), ("Deployment", "decode"), ("Deployment", "epp"),
+                                              ("Service", "epp"), ("InferencePool", "pool"), ("HTTPRoute", "route")}),
+    "multinode-tp.yaml": ("llama-tp", PLUMBING | {("Deployment", "server"), ("Service", "server"),
+                                                  ("LeaderWorkerSet", "worker")}),
 }
 
 

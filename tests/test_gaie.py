@@ -129,12 +129,6 @@ def test_frontend_port_must_not_clash_with_a_worker(hooks) -> None:
     assert "gaie.frontendPort 30000 is also services.decode's port" in status["message"]
 
 
-def accepted(accepted: bool) -> dict[str, Any]:
-    condition = {"type": "Accepted", "status": "True" if accepted else "False", "reason": "Accepted" if accepted else "NotAllowedByListeners",
-                 "message": "", "lastTransitionTime": "2026-11-30T00:00:00Z", "observedGeneration": 1}
-    return {"parents": [{"parentRef": {"name": "inference-gateway"}, "controllerName": "example.com/gw", "conditions": [condition]}]}
-
-
 def test_status_rolls_up_gateway_readiness(hooks) -> None:
     need_schemas()
     mc = Metacontroller(hooks, gaie_pd(), composite=WITH_GAIE)
@@ -151,16 +145,14 @@ def test_status_rolls_up_gateway_readiness(hooks) -> None:
     assert status["message"] == "gateway: EPP 1/1 ready, HTTPRoute qwen-pd-route not accepted"
     assert [c["reason"] for c in status["conditions"] if c["type"] == "Ready"] == ["GatewayNotReady"]
 
-    mc.set_status("HTTPRoute", "qwen-pd-route", accepted(False))
-    mc.set_status("InferencePool", "qwen-pd-pool", accepted(False))
+    mc.gateway_accepts(False)
     mc.converge()
     assert mc.parent["status"]["gaie"]["inferencePoolReady"] is False
     assert mc.parent["status"]["message"] == (
         "gateway: EPP 1/1 ready, InferencePool qwen-pd-pool not accepted, HTTPRoute qwen-pd-route not accepted"
     )
 
-    mc.set_status("HTTPRoute", "qwen-pd-route", accepted(True))
-    mc.set_status("InferencePool", "qwen-pd-pool", accepted(True))
+    mc.gateway_accepts(True)
     mc.converge()
     status = mc.parent["status"]
     assert status["state"] == "ready" and status["gaie"]["ready"] is True
@@ -196,7 +188,8 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
 
 
 def test_unregistered_gaie_kinds_are_withheld_with_a_reason(hooks) -> None:
-    answer = hooks.sync(gaie_pd())  # the base bundle registers neither InferencePool nor HTTPRoute
+    # The base bundle registers neither InferencePool nor HTTPRoute.
+    answer = hooks.hook("/sync", request_body(gaie_pd(), composite=controller()))
     kinds = {c["kind"] for c in answer["children"]}
     assert not kinds & {"InferencePool", "HTTPRoute"}
     assert ("Deployment", "qwen-pd-epp") not in by_key(answer)  # the gateway part is withheld as a unit
