@@ -45,6 +45,8 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # controller-revision-hash label `<name>-<hash>` that must fit in 63, so those names stay <= 52.
 MAX_CHILD_NAME = 63
 MAX_SET_NAME = 52
+# A LeaderWorkerSet names each group's StatefulSet <name>-<group index>; leave room for 4 digits.
+MAX_LWS_NAME = MAX_SET_NAME - len("-9999")
 # Suffixes of the operator's own children: a service with one of these names would collide.
 RESERVED_SERVICE_NAMES = ("nats", "disc", "epp")
 MAX_SERVICES = 256
@@ -65,9 +67,15 @@ CHILD_NAME_RULE = (
     "children): shorten the InferaDeployment or the service name"
 )
 MULTINODE_NAME_RULE = (
-    f"<metadata.name>-<service> must be at most {MAX_SET_NAME} characters for a multi-node service "
-    "(its LeaderWorkerSet pods carry a revision-hash label): shorten the InferaDeployment or the service name"
+    f"<metadata.name>-<service> must be at most {MAX_LWS_NAME} characters for a multi-node service (each "
+    "group's StatefulSet <name>-<group> must leave room for its pods' revision-hash label): shorten the "
+    "InferaDeployment or the service name"
 )
+PARENT_NAME_RULE = (
+    "metadata.name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): "
+    "it starts the names of the graph's Services"
+)
+IMAGE_RULE = "every service needs an image: set spec.image or services.<name>.image"
 GAIE_NAME_RULE = (
     f"metadata.name must be at most {MAX_CHILD_NAME - len('-epp')} characters while gaie.enabled is true "
     f"(the Endpoint Picker Service <metadata.name>-epp must fit in {MAX_CHILD_NAME})"
@@ -86,10 +94,12 @@ def cel(rule: str, message: str) -> dict[str, str]:
 # Rules on the whole object: only there can CEL see metadata.name next to the spec.
 GAIE_ON = "has(self.spec.gaie) && has(self.spec.gaie.enabled) && self.spec.gaie.enabled"
 ROOT_VALIDATIONS = [
+    # metadata.name is at most 253 characters, which bounds this rule's cost.
+    cel(f"self.metadata.name.matches('{DNS_LABEL.pattern}')", PARENT_NAME_RULE),
     cel(f"self.spec.services.all(s, size(self.metadata.name) + 1 + size(s) <= {MAX_CHILD_NAME})", CHILD_NAME_RULE),
     cel(
         "self.spec.services.all(s, !has(self.spec.services[s].numberOfNodes) || "
-        f"self.spec.services[s].numberOfNodes <= 1 || size(self.metadata.name) + 1 + size(s) <= {MAX_SET_NAME})",
+        f"self.spec.services[s].numberOfNodes <= 1 || size(self.metadata.name) + 1 + size(s) <= {MAX_LWS_NAME})",
         MULTINODE_NAME_RULE,
     ),
     cel(
@@ -179,7 +189,7 @@ class NatsSpec(ApiModel):
 
     deploy: bool = True
     """Create a single-node JetStream NATS (StatefulSet + headless Service) for this graph."""
-    image: str | None = None
+    image: Annotated[str, Field(min_length=1)] | None = None
     """NATS server image. Defaults to a NATS 2.x tag pinned by this operator release."""
     storage_size: Quantity = "4Gi"
     """Size of the JetStream PersistentVolumeClaim."""
@@ -201,11 +211,11 @@ class GaieSpec(ApiModel):
 
     enabled: bool = False
     """Create the Endpoint Picker, InferencePool and HTTPRoute and inject the frontend sidecar."""
-    epp_image: str | None = None
+    epp_image: Annotated[str, Field(min_length=1)] | None = None
     """Image of the Endpoint Picker and the frontend sidecar; defaults to spec.image."""
-    tokenizer_path: str | None = None
+    tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
     """Tokenizer (HF model id or local path) the EPP uses for token-aware scoring. Required when enabled."""
-    gateway_name: str | None = None
+    gateway_name: Annotated[str, Field(min_length=1)] | None = None
     """The existing Gateway the HTTPRoute attaches to. Required when enabled."""
     gateway_namespace: str | None = None
     """Namespace of the Gateway; defaults to the InferaDeployment's namespace."""
@@ -248,7 +258,8 @@ class JsonPatchOperation(ApiModel):
     """The operation."""
     path: str
     """JSON pointer to the target location, e.g. /spec/template/spec/nodeSelector."""
-    value: Annotated[Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})] = None
+    # nullable: without it the API server would drop an explicit `value: null`.
+    value: Annotated[Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "nullable": True})] = None
     """Value for add, replace and test."""
     from_: Annotated[str | None, Field(alias="from")] = None
     """Source location for move and copy."""
@@ -284,7 +295,7 @@ class ServiceSpec(ApiModel):
     """Pods (single-node) or groups (multi-node)."""
     number_of_nodes: Annotated[int, Field(ge=1)] = 1
     """Nodes per replica. 1: a Deployment; more: a LeaderWorkerSet spanning that many nodes."""
-    image: str | None = None
+    image: Annotated[str, Field(min_length=1)] | None = None
     """Container image of this service; defaults to spec.image."""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     """Port the service listens on. Defaults: server 8000, worker 30000."""
@@ -345,15 +356,19 @@ class InferaDeploymentSpec(ApiModel):
             "!has(self.gaie) || !has(self.gaie.enabled) || !self.gaie.enabled || has(self.gaie.eppImage) || has(self.image)",
             GAIE_IMAGE_RULE,
         ),
+        cel(
+            "has(self.image) || self.services.all(s, has(self.services[s].image) || has(self.services[s].extraPodSpec))",
+            IMAGE_RULE,
+        ),
     )
 
     backend_framework: Literal["sglang", "vllm"] = "sglang"
     """Engine of the workers: runs the module infera.engine.<backendFramework>."""
-    image: str | None = None
+    image: Annotated[str, Field(min_length=1)] | None = None
     """Default container image of every service."""
     discovery_backend: Annotated[Literal["kubernetes", "etcd"], Field(json_schema_extra={"maxLength": 10})] = "kubernetes"
     """How the server finds workers: kubernetes (watches this graph's pods) or etcd."""
-    etcd_endpoint: str | None = None
+    etcd_endpoint: Annotated[str, Field(min_length=1)] | None = None
     """External etcd for discovery, e.g. etcd:2379. Required when discoveryBackend is etcd."""
     nats: NatsSpec = Field(default_factory=NatsSpec)
     """The managed NATS JetStream broker for KV events."""
@@ -414,7 +429,7 @@ class InferaDeploymentSpec(ApiModel):
             self._gaie_rules()
         for name, service in self.services.items():
             if not (service.image or self.image or service.extra_pod_spec):
-                raise ValueError(f"services.{name} has no image: set spec.image or services.{name}.image")
+                raise ValueError(f"{IMAGE_RULE} (services.{name} has none)")
         return self
 
 
@@ -492,8 +507,15 @@ class ParentMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    # Child Service names start with it, so it must be a DNS-1035 label, not just a DNS subdomain.
-    name: Annotated[str, Field(min_length=1, max_length=MAX_CHILD_NAME, pattern=DNS_LABEL.pattern)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_CHILD_NAME)]
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, name: str) -> str:
+        # Child Service names start with it, so a DNS subdomain (with dots) is not enough.
+        if not DNS_LABEL.match(name):
+            raise ValueError(PARENT_NAME_RULE)
+        return name
     namespace: str = "default"
     uid: str = ""
     generation: int = 0
@@ -515,7 +537,7 @@ class InferaDeployment(BaseModel):
             child = f"{self.name}-{service}"
             if len(child) > MAX_CHILD_NAME:
                 raise ValueError(f"{CHILD_NAME_RULE} ({child} has {len(child)})")
-            if svc.number_of_nodes > 1 and len(child) > MAX_SET_NAME:
+            if svc.number_of_nodes > 1 and len(child) > MAX_LWS_NAME:
                 raise ValueError(f"{MULTINODE_NAME_RULE} ({child} has {len(child)})")
         if self.spec.nats.deploy and len(self.name) + len("-nats") > MAX_SET_NAME:
             raise ValueError(NATS_NAME_RULE)

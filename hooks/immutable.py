@@ -14,6 +14,12 @@ from hooks.contract import child_key
 IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
     "StatefulSet": [(("spec", "volumeClaimTemplates"), "nats.storageSize/storageClassName")],
 }
+# Fields whose change replaces the child instead: it is left out of one answer (Metacontroller
+# deletes it) and created anew on the next sync. Many LeaderWorkerSet releases refuse to change
+# a group's size in place, and a new size re-forms every group anyway.
+REPLACED_ON_CHANGE: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "LeaderWorkerSet": [(("spec", "leaderWorkerTemplate", "size"), "numberOfNodes")],
+}
 
 
 def _get(obj: Any, path: tuple[str, ...]) -> Any:
@@ -33,21 +39,35 @@ def _covers(stored: Any, wanted: Any) -> bool:
     return stored == wanted
 
 
-def keep_immutable_fields(desired: list[dict[str, Any]], observed: list[dict[str, Any]]) -> list[str]:
-    """Set immutable fields of `desired` to their observed values; return one notice per
-    field whose desired value could not be applied."""
+def keep_immutable_fields(desired: list[dict[str, Any]], observed: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Set immutable fields of `desired` to their observed values and leave out children that
+    must be replaced; return the children to answer and one notice per field concerned."""
     existing = {child_key(child): child for child in observed}
-    notices = []
+    answer, notices = [], []
     for child in desired:
         current = existing.get(child_key(child))
+        label = f"{child['kind']} {child['metadata']['name']}"
+        replaced = [
+            (path, spec_field)
+            for path, spec_field in REPLACED_ON_CHANGE.get(child["kind"], []) if current
+            if _get(current, path) != _get(child, path)
+        ]
+        if replaced:
+            for path, spec_field in replaced:
+                notices.append(
+                    f"{label} is being replaced: {spec_field} changed from {_get(current, path)} to "
+                    f"{_get(child, path)} ({'.'.join(path)} cannot change in place)"
+                )
+            continue
         for path, spec_field in IMMUTABLE_FIELDS.get(child["kind"], []) if current else []:
             stored = _get(current, path)
             if stored is None:
                 continue
             if not _covers(stored, _get(child, path)):
                 notices.append(
-                    f"{spec_field} change not applied to {child['kind']} {child['metadata']['name']}: "
+                    f"{spec_field} change not applied to {label}: "
                     f"{'.'.join(path)} is immutable (delete the {child['kind']} to recreate it)"
                 )
             _get(child, path[:-1])[path[-1]] = stored
-    return notices
+        answer.append(child)
+    return answer, notices

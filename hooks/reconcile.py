@@ -52,7 +52,7 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
     try:
         idep = parse_parent(request.parent)
         children, unregistered = withhold_unregistered(request, render_children(idep))
-        notices = keep_immutable_fields(children, request.children)
+        children, notices = keep_immutable_fields(children, request.children)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either

@@ -41,18 +41,42 @@ def _condition(
     }
 
 
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
+def _workload(idep: InferaDeployment, service: str, observed: dict[tuple[str, str], dict]) -> dict | None:
+    """The service's observed workload: of the kind the spec asks for, else of the other kind,
+    which still serves during a switch or while the wanted kind is not registered."""
+    name = child_name(idep, service)
+    wanted = workload_kind(idep.spec.services[service])
+    for kind in sorted(WORKLOAD_KINDS, key=lambda kind: kind != wanted):
+        if (kind, name) in observed:
+            return observed[(kind, name)]
+    return None
+
+
+def _current_ready(workload: dict | None) -> int:
+    """Ready replicas (pods or groups) that run the current template: a rollout in progress,
+    or a spec change its controller has not seen yet, is not ready."""
+    if workload is None:
+        return 0
+    status = workload.get("status") or {}
+    if _as_int(status.get("observedGeneration")) < _as_int(workload["metadata"].get("generation")):
+        return 0
+    return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
+
+
 def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, dict]:
     """Each service's workload kind and counts as the workload reports them."""
     by_key = {child_key(child): child for child in observed}
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
-        kind = workload_kind(svc)
-        workload = by_key.get((kind, child_name(idep, service)))
+        workload = _workload(idep, service, by_key)
         if workload is None:
-            statuses[service] = {"kind": kind, "replicas": svc.replicas, "readyReplicas": 0}
+            statuses[service] = {"kind": workload_kind(svc), "replicas": svc.replicas, "readyReplicas": 0}
             continue
         statuses[service] = {
-            "kind": kind,
+            "kind": workload["kind"],
             "replicas": _as_int((workload.get("spec") or {}).get("replicas", svc.replicas)),
             "readyReplicas": _as_int((workload.get("status") or {}).get("readyReplicas")),
         }
@@ -118,22 +142,17 @@ def roll_up(
     because the CompositeController does not register their kind (the graph is then failed)."""
     generation = idep.metadata.generation
     services = service_statuses(idep, observed)
+    by_key = {child_key(child): child for child in observed}
+    current = {service: _current_ready(_workload(idep, service, by_key)) for service in services}
     # Readiness is judged against the spec: a replica that was never created is not ready.
-    waiting = {
-        service: status
-        for service, status in services.items()
-        if status["readyReplicas"] < idep.spec.services[service].replicas
-    }
+    waiting = {service: ready for service, ready in current.items() if ready < idep.spec.services[service].replicas}
     total = len(services)
     gateway = gaie_status(idep, observed) if idep.spec.gaie.enabled else None
     gateway_waiting = _gaie_waiting(gateway) if gateway else None
     if not observed:
         state, reason, message = "initializing", "Initializing", f"creating {total} services"
     elif waiting or gateway_waiting:
-        details = [
-            f"{service} {status['readyReplicas']}/{idep.spec.services[service].replicas} ready"
-            for service, status in waiting.items()
-        ]
+        details = [f"{service} {ready}/{idep.spec.services[service].replicas} ready" for service, ready in waiting.items()]
         if waiting:
             details.append(f"waiting on {len(waiting)} of {total} services")
         if gateway_waiting:
@@ -142,6 +161,12 @@ def roll_up(
         state, message = "pending", "; ".join(details)
     else:
         state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"
+    # A graph that cannot be rendered as specified is not ready, whatever still runs.
+    ready_condition = (
+        ("False", "KindNotRegistered", "; ".join(unregistered))
+        if unregistered
+        else ("True" if state == "ready" else "False", reason, message)
+    )
     spec_message = "; ".join(notices) if notices else "spec is valid and rendered"
     kinds_condition = (
         ("False", "KindNotRegistered", "; ".join(unregistered))
@@ -154,7 +179,7 @@ def roll_up(
         "readyServices": f"{total - len(waiting)}/{total}",
         "services": services,
         "conditions": [
-            _condition("Ready", "True" if state == "ready" else "False", reason, message, generation, previous, now),
+            _condition("Ready", *ready_condition, generation, previous, now),
             _condition("ChildKindsRegistered", *kinds_condition, generation, previous, now),
             _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
         ],
@@ -165,7 +190,8 @@ def roll_up(
 
 
 def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> dict[str, Any]:
-    """A spec that cannot be rendered: say what is wrong; readiness is not judged meanwhile."""
+    """A spec that cannot be rendered: say what is wrong; readiness is not judged meanwhile, and
+    ChildKindsRegistered stays as last evaluated (so its transition time survives the fix)."""
     return {
         "state": "failed",
         "message": message,
@@ -174,6 +200,7 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
                 "Ready", "Unknown", "SpecInvalid", "readiness is not evaluated while the spec is invalid; "
                 "running children are kept as they are", generation, previous, now,
             ),
+            *[c for c in previous.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "ChildKindsRegistered"],
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),
         ],
     }

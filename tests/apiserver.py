@@ -100,6 +100,29 @@ def _apply_crd_defaults(schema: dict[str, Any], value: Any) -> None:
             _apply_crd_defaults(schema["items"], item)
 
 
+# Fields the API server (or, for LeaderWorkerSet, its webhook before KEP-552) refuses to change.
+IMMUTABLE = {
+    "Deployment": [("spec", "selector")],
+    "StatefulSet": [("spec", "selector"), ("spec", "serviceName"), ("spec", "volumeClaimTemplates")],
+    "RoleBinding": [("roleRef",)],
+    "LeaderWorkerSet": [("spec", "leaderWorkerTemplate", "size")],
+}
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Fail as the API server would if an update changes an immutable field (the apply would
+    then fail on every sync)."""
+    for path in IMMUTABLE.get(old["kind"], []):
+        before, after = _at(old, path), _at(store(new), path)
+        assert before == after, f"{old['kind']} {old['metadata']['name']}: {'.'.join(path)} is immutable ({before!r} -> {after!r})"
+
+
 def store(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as the API server would return it after a create or update."""
     obj = copy.deepcopy(obj)
@@ -107,7 +130,9 @@ def store(obj: dict[str, Any]) -> dict[str, Any]:
     crd_schema = _crd_schemas().get((obj["apiVersion"], kind))
     if crd_schema is not None:
         _apply_crd_defaults({**crd_schema, "properties": {"spec": crd_schema["properties"]["spec"]}}, obj)
-    if kind == "Deployment":
+    if kind == "LeaderWorkerSet":  # the LeaderWorkerSet webhook's defaults
+        spec.setdefault("networkConfig", {"subdomainPolicy": "Shared"})
+    elif kind == "Deployment":
         spec.setdefault("revisionHistoryLimit", 10)
         spec.setdefault("progressDeadlineSeconds", 600)
         spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})

@@ -88,7 +88,12 @@ class Metacontroller:
                 desired = child["spec"].get("replicas", 1)
                 count = ready(kind, name)
                 count = desired if count is None else count
-                child["status"] = {"replicas": desired, "readyReplicas": count, "observedGeneration": 1}
+                child["status"] = {
+                    "replicas": desired,
+                    "readyReplicas": count,
+                    "updatedReplicas": desired,
+                    "observedGeneration": child["metadata"]["generation"],
+                }
 
     def set_status(self, kind: str, name: str, status: dict[str, Any]) -> None:
         """Another controller (a Gateway, say) writes a child's status."""
@@ -125,10 +130,15 @@ class Metacontroller:
             last_applied = json.loads(existing["metadata"]["annotations"][LAST_APPLIED])
             merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
             merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
-            candidate = apiserver.store(merged)
-            if candidate != existing:
-                candidate["metadata"]["resourceVersion"] = str(next(self._versions))
-                self.children[key] = candidate
+            # Metacontroller sends an update whenever the merge differs from what is stored,
+            # even if the API server would then normalise it back: that is churn too.
+            if merged != existing:
+                apiserver.check_update(existing, merged)
+                stored = apiserver.store(merged)
+                stored["metadata"]["resourceVersion"] = str(next(self._versions))
+                if stored.get("spec") != existing.get("spec"):
+                    stored["metadata"]["generation"] = existing["metadata"]["generation"] + 1
+                self.children[key] = stored
                 self.writes.append(("update", *key))
         for key in sorted(set(self.children) - desired_keys):
             del self.children[key]

@@ -106,7 +106,7 @@ def test_answer_has_only_status_and_children(hooks) -> None:
          "spec.services.decode.replicas: Input should be greater than or equal to 0"),
         ({"services": {"decode": {"componentType": "worker", "image": "x", "resources": {"memory": "lots"}}}},
          "spec.services.decode.resources.memory: 'lots' is not a Kubernetes quantity"),
-        ({"image": None}, "spec: services.server has no image: set spec.image or services.server.image"),
+        ({"image": None}, "spec: every service needs an image: set spec.image or services.<name>.image (services.server has none)"),
         ({"unknownField": 1}, "spec.unknownField: Extra inputs are not permitted"),
     ],
 )

@@ -73,7 +73,9 @@ def test_crd_schema_is_structural_with_descriptions(crd: dict[str, Any]) -> None
     root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     open_fields = []
     for path, node in _walk(root):
-        assert "$ref" not in node and "nullable" not in node and "title" not in node, path
+        assert "$ref" not in node and "title" not in node, path
+        # Optional fields are absent, never null; only a JSON patch value may be null.
+        assert "nullable" not in node or path == ".spec.patches[].patch[].value", path
         assert "type" in node or node.get("x-kubernetes-int-or-string") or node.get(
             "x-kubernetes-preserve-unknown-fields"
         ), f"{path} has no type"
@@ -122,6 +124,8 @@ def _errors(admission: jsonschema.Draft7Validator, obj: dict[str, Any]) -> list[
         (("spec", "services", "decode", "replica"), 2, "spec.services.decode: Additional properties are not allowed ('replica' was unexpected)"),
         (("spec", "natsDeploy"), False, "spec: Additional properties are not allowed ('natsDeploy' was unexpected)"),
         (("spec", "services", "decode", "resources", "memory"), "64 GB", "spec.services.decode.resources.memory: '64 GB' does not match"),
+        (("spec", "etcdEndpoint"), "", "spec.etcdEndpoint: '' should be non-empty"),
+        (("spec", "image"), "", "spec.image: '' should be non-empty"),
     ],
 )
 def test_admission_rejects_bad_input(admission, path: tuple, value: Any, error: str) -> None:

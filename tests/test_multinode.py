@@ -128,8 +128,10 @@ def test_switching_between_deployment_and_lws_replaces_the_workload(hooks) -> No
         ("create", "LeaderWorkerSet", "qwen-pd-decode"),
         ("delete", "Deployment", "qwen-pd-decode"),  # never left running on GPUs
     ]
-    assert mc.parent["status"]["services"]["decode"]["kind"] == "LeaderWorkerSet"
+    # Status describes what was observed: the Deployment still served during that sync.
+    assert mc.parent["status"]["services"]["decode"]["kind"] == "Deployment"
     mc.converge()
+    assert mc.parent["status"]["services"]["decode"]["kind"] == "LeaderWorkerSet"
     mc.edit(lambda spec: spec["services"]["decode"].update(numberOfNodes=1))
     assert sorted(mc.child_writes(mc.sync())) == [
         ("create", "Deployment", "qwen-pd-decode"),
@@ -175,3 +177,21 @@ def test_multinode_server_is_rejected(hooks) -> None:
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed"
     assert "numberOfNodes applies to workers only" in status["message"]
+
+
+def test_changing_the_group_size_replaces_the_lws(hooks) -> None:
+    """The simulator fails any in-place size change, as older LeaderWorkerSet webhooks do."""
+    mc = Metacontroller(hooks, multinode_pd(nodes=2), composite=WITH_LWS)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    mc.edit(lambda spec: spec["services"]["decode"].update(numberOfNodes=4))
+    assert mc.child_writes(mc.sync()) == [("delete", "LeaderWorkerSet", "qwen-pd-decode")]
+    assert "LeaderWorkerSet qwen-pd-decode is being replaced: numberOfNodes changed from 2 to 4" in mc.parent["status"]["message"]
+    assert mc.child_writes(mc.sync()) == [("create", "LeaderWorkerSet", "qwen-pd-decode")]
+    assert mc.children[("LeaderWorkerSet", "qwen-pd-decode")]["spec"]["leaderWorkerTemplate"]["size"] == 4
+    mc.converge()
+    assert mc.parent["status"]["state"] == "pending"
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready" and mc.sync() == []

@@ -71,9 +71,12 @@ def test_patches_give_lws_ranks_their_own_commands(hooks) -> None:
          "patches[0] (Deployment qwen-pd-decode): operation 0 (test /spec/replicas): "),
         ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
           "patch": [{"op": "replace", "path": "/metadata/name", "value": "other"}]},
-         "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind or metadata.name"),
+         "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity labels"),
+        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+          "patch": [{"op": "remove", "path": "/metadata/labels/infera.amd.com~1service"}]},
+         "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity labels"),
     ],
-    ids=["missing-target", "missing-member", "missing-path", "failed-test", "renames"],
+    ids=["missing-target", "missing-member", "missing-path", "failed-test", "renames", "drops-identity-label"],
 )
 def test_patch_that_does_not_apply_fails_and_keeps_children(hooks, patch: dict, message: str) -> None:
     mc = Metacontroller(hooks, PD)

@@ -1,5 +1,6 @@
 """The status contract: truthful states, stable conditions, integers, nothing the CRD would prune."""
 
+import time
 from typing import Any
 
 from tests.conftest import REPO, parent
@@ -100,6 +101,7 @@ def test_resync_of_unchanged_world_gives_byte_identical_status(hooks) -> None:
     mc.mark_ready()
     mc.converge()
     first = hooks.post("/sync", mc.body()).body
+    time.sleep(1.1)  # a clock read leaking into status would now show
     second = hooks.post("/sync", mc.body()).body
     assert first == second
     assert mc.sync() == []
@@ -124,3 +126,32 @@ def test_failed_spec_status_and_recovery_conditions(hooks) -> None:
     mc.converge()
     assert mc.parent["status"]["state"] == "ready"
     assert conditions(mc.parent["status"])["SpecValid"]["observedGeneration"] == 3
+
+
+def test_rollout_in_progress_is_not_ready(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    mc.edit(lambda spec: spec["services"]["decode"].update(image="example.com/engine:v2"))
+    mc.converge()
+    # The Deployment's controller has not caught up with the new template yet.
+    assert mc.parent["status"]["state"] == "pending"
+    assert mc.parent["status"]["message"] == "decode 0/1 ready; waiting on 1 of 3 services"
+    assert mc.parent["status"]["services"]["decode"]["readyReplicas"] == 1  # as the Deployment reports it
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready"
+
+
+def test_spec_error_keeps_the_registration_condition_as_it_was(hooks) -> None:
+    obj = parent(PD)
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    before = conditions(mc.parent["status"])["ChildKindsRegistered"]
+    mc.edit(lambda spec: spec.update(backendFramework="tensorrt"))
+    mc.converge()
+    assert conditions(mc.parent["status"])["ChildKindsRegistered"] == before
+    mc.edit(lambda spec: spec.update(backendFramework="sglang"))
+    mc.converge()
+    assert conditions(mc.parent["status"])["ChildKindsRegistered"]["lastTransitionTime"] == before["lastTransitionTime"]

@@ -4,8 +4,14 @@ import jsonpatch
 import jsonpointer
 
 from hooks.api import InferaDeployment, SpecError
+from hooks.renderers.common import DEPLOYMENT_LABEL, SERVICE_LABEL
 
-IDENTITY_FIELDS = ("apiVersion", "kind")
+
+def _identity(child: dict) -> tuple:
+    """What Metacontroller and this hook recognise a child by: kind, name and identity labels."""
+    metadata = child.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    return child.get("apiVersion"), child.get("kind"), metadata.get("name"), labels.get(DEPLOYMENT_LABEL), labels.get(SERVICE_LABEL)
 
 
 def apply_patches(idep: InferaDeployment, children: list[dict]) -> list[dict]:
@@ -31,7 +37,7 @@ def apply_patches(idep: InferaDeployment, children: list[dict]) -> list[dict]:
                 raise SpecError(f"{where}: operation {number} ({step['op']} {step['path']}): path not found") from None
             except jsonpatch.JsonPatchException as error:
                 raise SpecError(f"{where}: operation {number} ({step['op']} {step['path']}): {error}") from None
-        if any(patched.get(f) != before[f] for f in IDENTITY_FIELDS) or patched.get("metadata", {}).get("name") != before["metadata"]["name"]:
-            raise SpecError(f"{where}: a patch must not change apiVersion, kind or metadata.name")
+        if _identity(patched) != _identity(before):
+            raise SpecError(f"{where}: a patch must not change apiVersion, kind, metadata.name or the identity labels")
         children[position] = patched
     return children
