@@ -195,6 +195,8 @@ class NatsSpec(ApiModel):
     """Size of the JetStream PersistentVolumeClaim."""
     storage_class_name: str | None = None
     """StorageClass of the JetStream PVC; the cluster default when unset."""
+    retain_storage: bool = False
+    """Keep the JetStream PVC when the InferaDeployment is deleted (by default it is deleted too)."""
 
     @property
     def effective_image(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from hooks import reconcile
+from hooks import reconcile, teardown
 from hooks.contract import BadRequest, HookRequest, parse_request
 
 # Metacontroller sends the parent plus every child; 16 MiB is far above any real graph.
@@ -55,7 +55,11 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Flask:
 
     @app.post("/finalize")
     def finalize() -> Response:
-        return _hook(reconcile.finalize)
+        return _hook(teardown.finalize)
+
+    @app.post("/customize")
+    def customize() -> Response:
+        return _hook(lambda hook_request: teardown.customize(hook_request.parent))
 
     @app.get("/healthz")
     def healthz() -> Response:

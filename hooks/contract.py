@@ -39,6 +39,8 @@ class HookRequest:
     parent: dict[str, Any]
     children: list[dict[str, Any]]
     finalizing: bool
+    # Objects the customize hook asked for (the graph's Pods), when it is registered.
+    related: list[dict[str, Any]] | None = None
     # Child kinds the CompositeController registers; None when the request does not say
     # (a hand-written body), in which case every kind may be emitted.
     registered: frozenset[Kind] | None = None
@@ -99,6 +101,7 @@ def parse_request(body: Any) -> HookRequest:
         children=_objects(body.get("children"), "children"),
         finalizing=finalizing,
         registered=_registered(body),
+        related=_objects(body["related"], "related") if isinstance(body.get("related"), dict) and body["related"] else None,
     )
 
 

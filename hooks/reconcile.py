@@ -100,20 +100,3 @@ def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> dic
         ),
         "children": [as_last_applied(child) for child in request.children],
     }
-
-
-# While children are still going away, call back even if no deletion event arrives.
-FINALIZE_RESYNC_SECONDS = 5
-
-
-def finalize(request: HookRequest) -> dict[str, Any]:
-    """Teardown: release every child; the finalizer goes once none is observed any more."""
-    remaining = len(request.children)
-    if not remaining:
-        return {"status": {"state": "terminating", "message": "all children deleted"}, "children": [], "finalized": True}
-    return {
-        "status": {"state": "terminating", "message": f"deleting {remaining} children"},
-        "children": [],
-        "finalized": False,
-        "resyncAfterSeconds": FINALIZE_RESYNC_SECONDS,
-    }

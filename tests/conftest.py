@@ -128,8 +128,10 @@ def request_body(
     version: str = "v2",
     finalizing: bool = False,
     composite: dict[str, Any] | None = None,
+    related: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A hook request: every registered child type present, keyed by name (v1) or ns/name (v2)."""
+    """A hook request: every registered child type present, keyed by name (v1) or ns/name (v2);
+    `related` objects (the Pods the customize hook asks for) keyed the same way."""
     composite = composite or controller()
     children: dict[str, dict[str, Any]] = {}
     for resource in composite["spec"]["childResources"]:
@@ -138,11 +140,15 @@ def request_body(
     for child in observed:
         key = child["metadata"]["name"] if version == "v1" else f"{namespace}/{child['metadata']['name']}"
         children[f"{child['kind']}.{child['apiVersion']}"][key] = child
+    related_map: dict[str, dict[str, Any]] = {}
+    for obj in related or []:
+        key = obj["metadata"]["name"] if version == "v1" else f"{namespace}/{obj['metadata']['name']}"
+        related_map.setdefault(f"{obj['kind']}.{obj['apiVersion']}", {})[key] = obj
     return {
         "controller": composite,
         "parent": parent_obj,
         "children": children,
-        "related": {},
+        "related": related_map,
         "finalizing": finalizing,
     }
 
@@ -188,6 +194,12 @@ class HookClient:
             validate_object(child)
         validate_status(answer["status"])
         return answer
+
+    def hook_raw(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST any hook request and return its JSON answer (200 required)."""
+        reply = self.post(path, body)
+        assert reply.status == 200, reply.body
+        return reply.json
 
     def sync(self, parent_obj: dict[str, Any], observed: list[dict[str, Any]] = (), version: str = "v2") -> dict[str, Any]:
         """A sync as the controller that this parent needs (base bundle plus components) sends it."""

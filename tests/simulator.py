@@ -43,6 +43,10 @@ class Metacontroller:
         self.children: dict[tuple[str, str], dict[str, Any]] = {}
         self.writes: list[Write] = []
         self.last_answer: dict[str, Any] = {}
+        # Pods of the workloads; they outlive a deleted workload until they finish draining.
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.finalized = False
+        self.finalize_calls = 0
         self._versions = itertools.count(2000)
         self._uids = itertools.count(1)
         self.registered = {
@@ -58,7 +62,68 @@ class Metacontroller:
         return self.parent["metadata"]["namespace"]
 
     def body(self, finalizing: bool = False) -> dict[str, Any]:
-        return request_body(self.parent, list(self.children.values()), finalizing=finalizing, composite=self.composite)
+        related = list(self.pods.values()) if self._watches_pods() else None
+        return request_body(
+            self.parent, list(self.children.values()), finalizing=finalizing, composite=self.composite, related=related
+        )
+
+    def _watches_pods(self) -> bool:
+        return "customize" in self.composite["spec"].get("hooks", {})
+
+    def run_pods(self) -> None:
+        """Start every pod the workloads ask for, labelled from their templates."""
+        for (kind, name), child in self.children.items():
+            spec = child.get("spec") or {}
+            if kind == "LeaderWorkerSet":
+                template = spec["leaderWorkerTemplate"]
+                for group in range(spec.get("replicas", 1)):
+                    for rank in range(template["size"]):
+                        rank_template = template["leaderTemplate" if rank == 0 else "workerTemplate"]
+                        self._pod(f"{name}-{group}-{rank}" if rank else f"{name}-{group}", rank_template, kind, name)
+            elif kind in ("Deployment", "StatefulSet"):
+                for index in range(spec.get("replicas", 1)):
+                    self._pod(f"{name}-{index}", spec["template"], kind, name)
+
+    def _pod(self, pod_name: str, template: dict[str, Any], kind: str, owner: str) -> None:
+        self.pods[pod_name] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": self.namespace,
+                "labels": dict(template["metadata"]["labels"]),
+                "ownerReferences": [{"kind": kind, "name": owner}],
+            },
+        }
+
+    def pods_finish_draining(self) -> None:
+        """Pods whose workload is gone finish their preStop and drain, and exit."""
+        alive = {(kind, name) for kind, name in self.children}
+        self.pods = {
+            name: pod for name, pod in self.pods.items()
+            if (pod["metadata"]["ownerReferences"][0]["kind"], pod["metadata"]["ownerReferences"][0]["name"]) in alive
+        }
+
+    def customize(self) -> dict[str, Any]:
+        return self.client.hook_raw("/customize", {"controller": self.composite, "parent": self.parent})
+
+    def finalize(self) -> list[Write]:
+        """One finalize call while the parent is being deleted; returns the writes it caused."""
+        assert not self.finalized, "Metacontroller does not call a parent whose finalizer is gone"
+        start = len(self.writes)
+        self.finalize_calls += 1
+        answer = self.client.hook("/finalize", self.body(finalizing=True))
+        self.last_answer = answer
+        if answer.get("finalized"):
+            # The finalizer goes at once; the children of this answer are not applied.
+            self.finalized = True
+            self.writes.append(("finalized", self.parent["kind"], self.parent["metadata"]["name"]))
+            return self.writes[start:]
+        listed = {(c["kind"], c["metadata"]["name"]) for c in answer["children"]}
+        assert listed <= set(self.children), f"a deleting parent was handed back {listed - set(self.children)}"
+        self._apply(answer["children"])
+        self._write_status(answer["status"])
+        return self.writes[start:]
 
     def sync(self) -> list[Write]:
         """One sync call; returns the writes it caused."""

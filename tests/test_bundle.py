@@ -53,7 +53,7 @@ def test_composite_controller_registers_exactly_the_core_kinds(bundle) -> None:
     ]
     assert all(c["updateStrategy"] == {"method": "InPlace"} for c in spec["childResources"])
     assert all(c["resource"] in RESOURCE_KINDS for c in spec["childResources"])
-    for hook in ("sync", "finalize"):
+    for hook in ("sync", "finalize", "customize"):
         assert spec["hooks"][hook]["version"] == "v2"
         assert spec["hooks"][hook]["webhook"]["url"] == f"http://infera-hooks.infera-system/{hook}"
         assert spec["hooks"][hook]["webhook"]["timeout"] == "10s"

@@ -153,20 +153,6 @@ def test_not_yet_rendered_features_fail_loudly(hooks) -> None:
     assert "services.decode.extraPodSpec is accepted but not rendered by this release" in answer["status"]["message"]
 
 
-def test_finalize_releases_children_then_finalizes(hooks) -> None:
-    obj = parent(PD)
-    observed = [applied(child) for child in hooks.sync(obj)["children"]]
-    deleting = hooks.hook("/finalize", request_body(obj, observed, finalizing=True))
-    assert deleting == {
-        "status": {"state": "terminating", "message": "deleting 9 children"},
-        "children": [],
-        "finalized": False,
-        "resyncAfterSeconds": 5,
-    }
-    done = hooks.hook("/finalize", request_body(obj, [], finalizing=True))
-    assert done["finalized"] is True and done["children"] == []
-
-
 def test_metacontroller_sample_envelopes_parse(hooks) -> None:
     """The envelope exactly as Metacontroller v4.17 serialises it, with our parent inside."""
     samples = SHARED / "metacontroller"

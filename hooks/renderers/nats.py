@@ -59,6 +59,12 @@ def render(idep: InferaDeployment) -> list[dict]:
         "spec": {
             "replicas": 1,
             "serviceName": name,
+            # The JetStream store holds only transient KV events: it goes with the graph
+            # unless the user asks to keep it.
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Retain" if nats.retain_storage else "Delete",
+                "whenScaled": "Retain",
+            },
             "selector": {"matchLabels": selector_labels(idep, NATS_SUFFIX)},
             "template": {
                 "metadata": {"labels": object_metadata(idep, NATS_SUFFIX)["labels"]},
