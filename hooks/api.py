@@ -115,6 +115,18 @@ def with_validations(*rules: dict[str, str]) -> ConfigDict:
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
 
 
+# In extraPodSpec, the container the operator completes: the one with one of these names, else the first.
+PRIMARY_CONTAINER_NAMES = ("main", "infera")
+
+
+def primary_index(containers: list[dict[str, Any]]) -> int | None:
+    for name in PRIMARY_CONTAINER_NAMES:
+        for index, container in enumerate(containers):
+            if container.get("name") == name:
+                return index
+    return 0 if containers else None
+
+
 class SpecError(ValueError):
     """The spec is well-typed but cannot be rendered; reported in status, never as an HTTP error."""
 
@@ -343,6 +355,15 @@ class ServiceSpec(ApiModel):
         return self.component_type == "worker"
 
     @property
+    def template_image(self) -> str | None:
+        """The image of extraPodSpec's primary container, if it sets one."""
+        containers = (self.extra_pod_spec or {}).get("containers")
+        if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+            return None
+        index = primary_index(containers)
+        return None if index is None else containers[index].get("image")
+
+    @property
     def effective_port(self) -> int:
         if self.port is not None:
             return self.port
@@ -430,7 +451,7 @@ class InferaDeploymentSpec(ApiModel):
         if self.gaie.enabled:
             self._gaie_rules()
         for name, service in self.services.items():
-            if not (service.image or self.image or service.extra_pod_spec):
+            if not (service.image or self.image or service.template_image):
                 raise ValueError(f"{IMAGE_RULE} (services.{name} has none)")
         return self
 

@@ -145,14 +145,6 @@ def test_child_without_last_applied_is_kept_without_server_fields(hooks) -> None
     ]
 
 
-def test_not_yet_rendered_features_fail_loudly(hooks) -> None:
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"nodeSelector": {"a": "b"}}
-    answer = hooks.sync(obj)
-    assert answer["status"]["state"] == "failed"
-    assert "services.decode.extraPodSpec is accepted but not rendered by this release" in answer["status"]["message"]
-
-
 def test_metacontroller_sample_envelopes_parse(hooks) -> None:
     """The envelope exactly as Metacontroller v4.17 serialises it, with our parent inside."""
     samples = SHARED / "metacontroller"

@@ -2,9 +2,9 @@
 
 import math
 
-from hooks.api import EnvVar, InferaDeployment, ServiceSpec, SpecError
+from hooks.api import EnvVar, InferaDeployment, ServiceSpec, SpecError, primary_index
 from hooks.quantity import canonical_quantity
-from hooks.renderers import discovery, nats
+from hooks.renderers import discovery, nats, overlay
 from hooks.renderers.common import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
 
 MAIN_CONTAINER = "main"
@@ -131,8 +131,9 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
-def drain_timeout_seconds(svc: ServiceSpec, env: list[dict]) -> int:
-    source, raw = "--drain-timeout", _flag_value(svc.args or [], "--drain-timeout")
+def drain_timeout_seconds(flags: list[str], env: list[dict]) -> int:
+    """The engine's drain timeout: --drain-timeout in its command line, else INFERA_DRAIN_TIMEOUT."""
+    source, raw = "--drain-timeout", _flag_value(flags, "--drain-timeout")
     if raw is None:
         source = "INFERA_DRAIN_TIMEOUT"
         raw = next((v.get("value") for v in env if v["name"] == source and "valueFrom" not in v), None)
@@ -239,21 +240,14 @@ def frontend_sidecar(idep: InferaDeployment) -> dict:
 
 
 def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader: bool = True) -> dict:
-    """The pod of a single-node service, or of one rank of a multi-node group (`leader`: rank 0)."""
-    if svc.extra_pod_spec is not None:
-        raise SpecError(f"services.{service}.extraPodSpec is accepted but not rendered by this release")
-    env = container_env(idep, svc)
+    """The pod of a single-node service, or of one rank of a multi-node group (`leader`: rank 0),
+    with the service's extraPodSpec laid over it."""
     spec: dict = {
-        "containers": [main_container(idep, svc, env, leader)],
+        "containers": [main_container(idep, svc, container_env(idep, svc), leader)],
         # Always set: were it dropped (etcd discovery), the API server's deprecated
         # `serviceAccount` alias would keep pointing pods at the deleted discovery account.
         "serviceAccountName": discovery.service_account_name(idep) or "default",
     }
-    if svc.is_worker:
-        # SIGKILL must not cut a drain short: the pre-stop delay, the drain itself, then slack.
-        spec["terminationGracePeriodSeconds"] = (
-            PRESTOP_DELAY_SECONDS + drain_timeout_seconds(svc, env) + SHUTDOWN_SLACK_SECONDS
-        )
     if svc.resources.shared_memory:
         spec["volumes"] = [
             {
@@ -266,5 +260,14 @@ def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader:
     if idep.spec.gaie.enabled and svc.is_worker and leader:
         spec["containers"].append(frontend_sidecar(idep))
         metadata["labels"][GAIE_FRONTEND_LABEL] = "true"
+    if svc.extra_pod_spec is not None:
+        where = f"services.{service}.extraPodSpec"
+        spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
+    if svc.is_worker:
+        # SIGKILL must not cut a drain short: the pre-stop delay, the drain itself, then slack.
+        # A template's own grace period is only ever raised.
+        primary = spec["containers"][primary_index(spec["containers"])]
+        flags = list(primary.get("command") or []) + list(primary.get("args") or [])
+        needed = PRESTOP_DELAY_SECONDS + drain_timeout_seconds(flags, primary.get("env") or []) + SHUTDOWN_SLACK_SECONDS
+        spec["terminationGracePeriodSeconds"] = max(needed, spec.get("terminationGracePeriodSeconds") or 0)
     return {"metadata": metadata, "spec": spec}
-

@@ -1,0 +1,119 @@
+"""extraPodSpec: the user's PodSpec laid over the pod the operator renders from the flat fields.
+
+One rule serves both ways of writing it. A full template (the upstream operator's way) sets the
+primary container's command, image, env and resources, so those are the user's; a partial
+overlay sets only pod-level fields or a few container fields and gets the rest from the flat
+fields. The primary container is the one named `main` or `infera`, else the first.
+
+| what | result |
+|---|---|
+| pod-level fields (nodeSelector, affinity, tolerations, hostNetwork, initContainers, ...) | the template's |
+| volumes, containers | merged by name; the template wins on a clash |
+| primary container fields (command, args, image, probes, ...) | the template's where set |
+| its env, volumeMounts, ports | merged by name, mountPath, containerPort; the template wins |
+| its resources, securityContext, lifecycle | merged key by key; the template wins |
+| serviceAccountName | the template's, else the discovery account |
+| terminationGracePeriodSeconds | the larger of the template's and the drain-sized one |
+"""
+
+import copy
+from typing import Any
+
+from hooks.api import SpecError, primary_index
+from hooks.quantity import canonical_quantity
+
+# Merged key by key rather than replaced (a probe is replaced whole: mixing handlers is invalid).
+DEEP_MERGED = ("resources", "securityContext", "lifecycle")
+
+
+def _deep_merge(base: Any, top: Any) -> Any:
+    if isinstance(base, dict) and isinstance(top, dict):
+        return {**base, **{key: _deep_merge(base.get(key), value) for key, value in top.items()}}
+    return copy.deepcopy(top)
+
+
+def _merge_list(base: list[dict], top: list[dict], *keys: str) -> list[dict]:
+    """The template's items in its order, then the operator's items whose keys it does not use."""
+    taken = {(key, item.get(key)) for item in top for key in keys if key in item}
+    return copy.deepcopy(top) + [item for item in base if not any((key, item.get(key)) in taken for key in keys)]
+
+
+def _objects(value: Any, where: str) -> list[dict]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise SpecError(f"{where} must be a list of objects")
+    return value
+
+
+def _merge_container(operator: dict, template: dict, where: str) -> dict:
+    merged = copy.deepcopy(operator)
+    for key, value in template.items():
+        if key == "env":
+            merged[key] = _merge_list(operator.get(key, []), _objects(value, f"{where}.env"), "name")
+        elif key == "volumeMounts":
+            merged[key] = _merge_list(operator.get(key, []), _objects(value, f"{where}.volumeMounts"), "mountPath")
+        elif key == "ports":
+            merged[key] = _merge_list(operator.get(key, []), _objects(value, f"{where}.ports"), "containerPort", "name")
+        elif key in DEEP_MERGED:
+            merged[key] = _deep_merge(operator.get(key), value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def overlay(operator: dict, extra: dict, where: str) -> dict:
+    """`operator`'s pod spec with the user's `extra` pod spec laid over it."""
+    spec = {**copy.deepcopy(operator), **{k: copy.deepcopy(v) for k, v in extra.items() if k not in ("containers", "volumes")}}
+
+    template_containers = _objects(extra.get("containers"), f"{where}.containers")
+    containers = copy.deepcopy(template_containers)
+    operator_main, *operator_rest = operator["containers"]
+    index = primary_index(containers)
+    if index is None:
+        containers = [copy.deepcopy(operator_main)]
+    else:
+        containers[index] = _merge_container(operator_main, containers[index], f"{where}.containers[{index}]")
+    names = {container.get("name") for container in containers}
+    spec["containers"] = containers + [c for c in operator_rest if c["name"] not in names]
+
+    # Operator volumes that no container mounts any more (the template took over /dev/shm) go.
+    mounted = {m.get("name") for c in spec["containers"] for m in c.get("volumeMounts", [])}
+    template_volumes = _objects(extra.get("volumes"), f"{where}.volumes")
+    operator_volumes = [v for v in operator.get("volumes", []) if v["name"] in mounted]
+    volumes = _merge_list(operator_volumes, template_volumes, "name")
+    if volumes:
+        spec["volumes"] = volumes
+    else:
+        spec.pop("volumes", None)
+
+    return spec
+
+
+def _canonical(value: Any, where: str) -> str:
+    try:
+        return canonical_quantity(str(value))
+    except ValueError as error:
+        raise SpecError(f"{where}: {error}") from None
+
+
+def normalize(spec: dict, where: str) -> dict:
+    """Write what the template says the way the API server stores it (quantities canonical,
+    numbers in env values as strings, empty env values absent), or it would be re-applied on
+    every sync."""
+    for kind in ("containers", "initContainers"):
+        for index, container in enumerate(_objects(spec.get(kind), f"{where}.{kind}")):
+            for bound in ("requests", "limits"):
+                quantities = (container.get("resources") or {}).get(bound) or {}
+                for name, value in quantities.items():
+                    quantities[name] = _canonical(value, f"{where}.{kind}[{index}].resources.{bound}.{name}")
+            for var in _objects(container.get("env"), f"{where}.{kind}[{index}].env"):
+                if isinstance(var.get("value"), (int, float)) and not isinstance(var["value"], bool):
+                    var["value"] = str(var["value"])
+                if var.get("value") == "":
+                    del var["value"]
+    for index, volume in enumerate(_objects(spec.get("volumes"), f"{where}.volumes")):
+        empty_dir = volume.get("emptyDir")
+        if isinstance(empty_dir, dict) and "sizeLimit" in empty_dir:
+            empty_dir["sizeLimit"] = _canonical(empty_dir["sizeLimit"], f"{where}.volumes[{index}].emptyDir.sizeLimit")
+    return spec

@@ -1,0 +1,266 @@
+"""extraPodSpec both ways (full template, partial overlay) and the upstream operator's corpus."""
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, SHARED, need, need_schemas, parent
+from tests.simulator import Metacontroller
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+UPSTREAM = SHARED / "upstream" / "examples"
+IDENTITY = ["POD_NAME", "POD_NAMESPACE", "POD_IP"]
+
+
+def pd_with(service: str, extra: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["spec"]["services"][service].update(extraPodSpec=extra, **fields)
+    return obj
+
+
+def pod(answer: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in answer["children"] if c["metadata"]["name"] == name and c["kind"] == "Deployment"]
+    return found["spec"]["template"]
+
+
+FULL_WORKER = {
+    "hostNetwork": True,
+    "dnsPolicy": "ClusterFirstWithHostNet",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "nodeSelector": {"kubernetes.io/hostname": "node-a"},
+    "containers": [
+        {
+            "name": "main",
+            "image": "vendor/sglang:v1",
+            "command": ["python3", "-m", "infera.engine.sglang", "--port", "30000", "--model-path", "/models/q"],
+            "env": [
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "SGLANG_USE_AITER", "value": 1},
+                {"name": "EMPTY", "value": ""},
+            ],
+            "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+            "resources": {
+                "requests": {"cpu": "16000m", "memory": "64Gi", "amd.com/gpu": 1},
+                "limits": {"cpu": "16", "memory": "64Gi", "amd.com/gpu": 1},
+            },
+            "volumeMounts": [{"name": "model", "mountPath": "/models", "readOnly": True}],
+        }
+    ],
+    "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "models"}}],
+    "terminationGracePeriodSeconds": 30,
+}
+
+
+def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
+    template = pod(hooks.sync(pd_with("decode", FULL_WORKER)), "qwen-pd-decode")
+    spec = template["spec"]
+    (main,) = spec["containers"]
+    user = FULL_WORKER["containers"][0]
+    # The user's command, image and resources (in stored form), and no injected flags.
+    assert main["command"] == user["command"] and main["image"] == "vendor/sglang:v1"
+    assert "args" in main  # the service's flat args still follow the template command
+    assert main["resources"] == {
+        "requests": {"cpu": "16", "memory": "64Gi", "amd.com/gpu": "1"},
+        "limits": {"cpu": "16", "memory": "64Gi", "amd.com/gpu": "1"},
+    }
+    # Template env first; operator env added without duplicating a name it already sets.
+    names = [v["name"] for v in main["env"]]
+    assert names[:3] == ["POD_IP", "SGLANG_USE_AITER", "EMPTY"] and names.count("POD_IP") == 1
+    assert set(IDENTITY + ["NATS_SERVER"]) <= set(names)
+    assert main["env"][1] == {"name": "SGLANG_USE_AITER", "value": "1"} and main["env"][2] == {"name": "EMPTY"}
+    # Operator additions the template leaves out.
+    assert main["ports"] == [{"name": "http", "containerPort": 30000, "protocol": "TCP"}]
+    assert main["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert main["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
+    assert main["securityContext"] == user["securityContext"]
+    assert spec["serviceAccountName"] == "qwen-pd-disc"
+    assert spec["terminationGracePeriodSeconds"] == 60  # raised to cover the drain, never lowered
+    # The template's pod-level fields and volumes; /dev/shm from the flat sharedMemory is kept.
+    for field in ("hostNetwork", "dnsPolicy", "imagePullSecrets", "nodeSelector"):
+        assert spec[field] == FULL_WORKER[field]
+    assert [v["name"] for v in spec["volumes"]] == ["model", "dshm"]
+    assert [m["mountPath"] for m in main["volumeMounts"]] == ["/models", "/dev/shm"]
+    assert template["metadata"]["labels"]["infera.amd.com/service"] == "decode"
+
+
+def test_template_wins_on_clashes(hooks) -> None:
+    extra = copy.deepcopy(FULL_WORKER)
+    main = extra["containers"][0]
+    main["readinessProbe"] = {"tcpSocket": {"port": 30000}}
+    main["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "30"]}}}
+    main["ports"] = [{"name": "http", "containerPort": 31000}]
+    main["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
+    extra["volumes"].append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16384Mi"}})
+    extra["serviceAccountName"] = "custom"
+    extra["terminationGracePeriodSeconds"] = 900
+    main["command"] = main["command"] + ["--drain-timeout", "600"]
+    spec = pod(hooks.sync(pd_with("decode", extra)), "qwen-pd-decode")["spec"]
+    (merged,) = spec["containers"]
+    assert merged["readinessProbe"] == {"tcpSocket": {"port": 30000}}
+    assert merged["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "30"]
+    assert merged["ports"] == [{"name": "http", "containerPort": 31000}]
+    # The template's /dev/shm replaces the operator's, whose volume is dropped.
+    assert [m["name"] for m in merged["volumeMounts"]] == ["model", "shm"]
+    assert spec["volumes"] == [extra["volumes"][0], {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    assert spec["serviceAccountName"] == "custom"
+    assert spec["terminationGracePeriodSeconds"] == 900
+    extra["terminationGracePeriodSeconds"] = 60
+    spec = pod(hooks.sync(pd_with("decode", extra)), "qwen-pd-decode")["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 630  # the template's 600 s drain needs more
+
+
+def test_partial_overlay_keeps_the_flat_fields(hooks) -> None:
+    extra = {
+        "nodeSelector": {"gpu.amd.com/family": "mi300x"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "main", "volumeMounts": [{"name": "model", "mountPath": "/models"}]}],
+        "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "models"}}],
+    }
+    answer = hooks.sync(pd_with("prefill", extra))
+    spec = pod(answer, "qwen-pd-prefill")["spec"]
+    baseline = pod(hooks.sync(parent(PD)), "qwen-pd-prefill")["spec"]
+    (main,) = spec["containers"]
+    (flat,) = baseline["containers"]
+    for field in ("command", "args", "image", "resources", "env", "readinessProbe", "lifecycle", "ports"):
+        assert main[field] == flat[field], field
+    assert [m["mountPath"] for m in main["volumeMounts"]] == ["/models", "/dev/shm"]
+    assert [v["name"] for v in spec["volumes"]] == ["model", "dshm"]
+    assert spec["nodeSelector"] == extra["nodeSelector"] and spec["tolerations"] == extra["tolerations"]
+    assert spec["terminationGracePeriodSeconds"] == baseline["terminationGracePeriodSeconds"]
+
+
+def test_primary_is_main_or_infera_else_first(hooks) -> None:
+    extra = {"containers": [{"name": "log-shipper", "image": "fluent-bit:3"}, {"name": "infera", "env": [{"name": "X", "value": "y"}]}]}
+    spec = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["log-shipper", "infera"]
+    assert spec["containers"][0] == {"name": "log-shipper", "image": "fluent-bit:3"}
+    assert spec["containers"][1]["command"][:3] == ["python3", "-m", "infera.engine.sglang"]
+    extra = {"containers": [{"name": "engine", "image": "vendor/engine:v3"}]}
+    (only,) = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]["containers"]
+    assert only["name"] == "engine" and only["image"] == "vendor/engine:v3"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"containers": "main"}, "services.prefill.extraPodSpec.containers must be a list of objects"),
+        ({"volumes": [1]}, "services.prefill.extraPodSpec.volumes must be a list of objects"),
+        ({"containers": [{"name": "main", "resources": {"limits": {"memory": "lots"}}}]},
+         "services.prefill.extraPodSpec.containers[0].resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+    ],
+)
+def test_malformed_templates_fail_and_keep_children(hooks, extra: dict, message: str) -> None:
+    status = hooks.sync(pd_with("prefill", extra))["status"]
+    assert status["state"] == "failed"
+    assert status["message"].startswith(message), status["message"]
+
+
+def test_template_image_satisfies_the_image_rule(hooks) -> None:
+    obj = parent(PD)
+    del obj["spec"]["image"]
+    for name, svc in obj["spec"]["services"].items():
+        svc["extraPodSpec"] = {"containers": [{"name": "main", "image": f"vendor/{name}:v1"}]}
+    assert hooks.sync(obj)["status"]["state"] == "initializing"
+    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"nodeSelector": {"a": "b"}}
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed" and "services.decode has none" in status["message"]
+
+
+def test_full_template_converges_without_churn(hooks) -> None:
+    mc = Metacontroller(hooks, pd_with("decode", FULL_WORKER))
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready"
+    assert mc.sync() == []
+
+
+# --- the upstream operator's corpus ---------------------------------------------------------
+
+PLACEHOLDERS = {
+    "NAMESPACE": "infera",
+    "ENGINE_IMAGE": "rocm/infera:sglang-v0.1.1",
+    "IMAGE_PULL_SECRET": "regcred",
+    "MODEL_PVC": "models",
+    "MODEL_PATH": "/models/Qwen3-0.6B",
+    "MODEL_DIR": "/mnt/models",
+    "MODEL_HF_ID": "Qwen/Qwen3-0.6B",
+    "RDMA_IB_DEVICE": "rdma0",
+    "RDMA_HCA_LIST": "rdma0,rdma1",
+    "ROCE_V2_GID_INDEX": "3",
+    "GATEWAY_CLASS": "kgateway",
+    "PREFILL_NODE": "node-a",
+    "DECODE_NODE": "node-b",
+    "CSI_DRIVER": "csi.example.com",
+    "CSI_SECRET_NAME": "csi-secret",
+    "CSI_SECRET_NAMESPACE": "infera",
+    "CSI_VOLUME_HANDLE": "models-volume",
+}
+
+
+def filled(path: Path) -> list[dict[str, Any]]:
+    """The file's InferaDeployments with every <PLACEHOLDER> replaced by a plausible value."""
+    text = re.sub(r"<([A-Z0-9_]+)>", lambda m: PLACEHOLDERS.get(m.group(1), m.group(0)), path.read_text())
+    docs = [doc for doc in yaml.safe_load_all(text) if doc and doc.get("kind") == "InferaDeployment"]
+    assert "<" not in yaml.safe_dump(docs).replace("<metadata", ""), f"{path.name}: an unfilled placeholder"
+    return docs
+
+
+def corpus() -> list[tuple[str, dict[str, Any]]]:
+    if not UPSTREAM.is_dir():
+        return []
+    return [(f"{path.name}:{doc['metadata']['name']}", doc) for path in sorted(UPSTREAM.glob("*.yaml")) for doc in filled(path)]
+
+
+CORPUS = corpus()
+
+
+def test_corpus_is_present() -> None:
+    need(UPSTREAM.is_dir(), f"upstream corpus not found at {UPSTREAM} (set INFERA_SHARED_DIR)")
+    assert len(CORPUS) == 14
+
+
+@pytest.mark.parametrize(("name", "doc"), CORPUS, ids=[name for name, _ in CORPUS])
+def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: str, doc: dict[str, Any]) -> None:
+    need_schemas()
+    answer = hooks.sync(parent(copy.deepcopy(doc)))  # every child validated against its schema
+    assert answer["status"]["state"] == "initializing", answer["status"]
+    rendered = {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
+    idep = doc["metadata"]["name"]
+    for service, svc in doc["spec"]["services"].items():
+        extra = svc.get("extraPodSpec")
+        if not extra:
+            continue
+        workload = rendered.get(("Deployment", f"{idep}-{service}")) or rendered[("LeaderWorkerSet", f"{idep}-{service}")]
+        templates = (
+            [workload["spec"]["template"]] if workload["kind"] == "Deployment"
+            else [workload["spec"]["leaderWorkerTemplate"][rank] for rank in ("leaderTemplate", "workerTemplate")]
+        )
+        for template in templates:
+            spec = template["spec"]
+            for field in ("nodeSelector", "hostNetwork", "affinity", "tolerations", "imagePullSecrets", "initContainers"):
+                if field in extra:
+                    assert spec[field] == extra[field], (service, field)
+            names = [v["name"] for v in spec.get("volumes", [])]
+            assert [v["name"] for v in extra.get("volumes", [])] == names[: len(extra.get("volumes", []))]
+            user = extra["containers"][0]
+            (main,) = [c for c in spec["containers"] if c["name"] == user["name"]]
+            for field in ("command", "image", "securityContext"):
+                if field in user:
+                    assert main[field] == user[field], (service, field)
+
+
+@pytest.mark.parametrize(("name", "doc"), CORPUS, ids=[name for name, _ in CORPUS])
+def test_upstream_inferadeployment_converges(hooks, name: str, doc: dict[str, Any]) -> None:
+    need_schemas()
+    mc = Metacontroller(hooks, copy.deepcopy(doc))
+    mc.converge()
+    mc.mark_ready()
+    mc.gateway_accepts()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready", mc.parent["status"]
+    assert mc.sync() == []
