@@ -16,6 +16,7 @@ def test_the_documented_examples_exist() -> None:
         "etcd-discovery.yaml",
         "gaie-pd.yaml",
         "multinode-tp.yaml",
+        "pd-1p1d-mooncake.yaml",
     }
 
 
@@ -28,6 +29,8 @@ EXPECTED = {
     "etcd-discovery.yaml": ("llama-etcd", {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")}),
     "gaie-pd.yaml": ("qwen-gaie", PLUMBING | {("Deployment", "prefill"), ("Deployment", "decode"), ("Deployment", "epp"),
                                               ("Service", "epp"), ("InferencePool", "pool"), ("HTTPRoute", "route")}),
+    "pd-1p1d-mooncake.yaml": ("qwen-1p1d", PLUMBING | {("Deployment", "server"), ("Service", "server"),
+                                                      ("Deployment", "prefill"), ("Deployment", "decode")}),
     "multinode-tp.yaml": ("llama-tp", PLUMBING | {("Deployment", "server"), ("Service", "server"),
                                                   ("LeaderWorkerSet", "worker")}),
 }
@@ -48,3 +51,26 @@ def test_examples_are_mentioned_in_the_readme() -> None:
     readme = (REPO / "README.md").read_text()
     for path in EXAMPLES:
         assert f"examples/{path.name}" in readme, f"README has no line for {path.name}"
+
+
+def test_mooncake_recipe(hooks) -> None:
+    """Router and prefill on node A, decode on node B; KV over RoCE, RPC on the pod network."""
+    answer = hooks.sync(parent(REPO / "examples" / "pd-1p1d-mooncake.yaml"))
+    pods = {c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in answer["children"] if c["kind"] == "Deployment"}
+    assert {name: pod["nodeSelector"]["kubernetes.io/hostname"] for name, pod in pods.items()} == {
+        "qwen-1p1d-server": "gpu-node-a", "qwen-1p1d-prefill": "gpu-node-a", "qwen-1p1d-decode": "gpu-node-b",
+    }
+    for name in ("qwen-1p1d-prefill", "qwen-1p1d-decode"):
+        pod = pods[name]
+        (main,) = pod["containers"]
+        assert "hostNetwork" not in pod  # pod IPs; Mooncake's RPC rides the pod network
+        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}} in main["env"]
+        assert "readinessProbe" not in main
+        flags = main["command"] + main["args"]
+        assert flags[flags.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+        assert "--disaggregation-ib-device" not in flags and "--tp-size" in flags
+        assert main["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert {m["mountPath"] for m in main["volumeMounts"]} == {"/models", "/dev/infiniband", "/dev/shm"}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["model"]["hostPath"]["path"] == "/mnt/models"  # the same path on both nodes
+        assert volumes["infiniband"]["hostPath"]["path"] == "/dev/infiniband"
