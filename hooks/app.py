@@ -2,20 +2,38 @@
 
 Every answer is JSON. Malformed requests get a 4xx with `{"error": ...}`; a request that parses
 always gets a complete 200 answer (a bad spec is reported in status, not as an HTTP error).
+Hook endpoints may require a bearer token; health and metrics stay open.
 """
 
+import hashlib
+import hmac
 import json
+import logging
+import os
+import time
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from hooks import reconcile, teardown
-from hooks.contract import BadRequest, HookRequest, parse_request
+from hooks import observability, reconcile, teardown
+from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, HookRequest, parse_request
 
-# Metacontroller sends the parent plus every child; 16 MiB is far above any real graph.
-DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+log = logging.getLogger("hooks")
+
+
+def _code_version() -> str:
+    try:
+        return version("infera-hooks")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# An ETag names the answer to one request body for one hook, by this version of the code.
+ETAG_SEED = _code_version().encode()
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -28,38 +46,96 @@ def error_response(status: int, message: str) -> Response:
     return json_response({"error": message}, status)
 
 
-def _hook(handler: Callable[[HookRequest], dict]) -> Response:
-    if not request.is_json:
-        return error_response(415, "Content-Type must be application/json")
-    try:
-        body = json.loads(request.get_data())
-    except ValueError as error:
-        return error_response(400, f"request body is not valid JSON: {error}")
-    except RecursionError:
-        return error_response(400, "request body is nested too deeply")
-    try:
-        hook_request = parse_request(body)
-    except BadRequest as error:
-        return error_response(400, str(error))
-    return json_response(handler(hook_request))
+class TokenFile:
+    """A bearer token read from a file (a mounted Secret), re-read when the file changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: float | None = None
+        self._token = b""
+        self.token()  # fail at start-up, not on the first call, if the file is unreadable
+
+    def token(self) -> bytes:
+        stamp = os.stat(self.path).st_mtime
+        if stamp != self._stamp:
+            with open(self.path, "rb") as stream:
+                token = stream.read().strip()
+            if not token:
+                raise ValueError(f"the auth token file {self.path} is empty")
+            self._stamp, self._token = stamp, token
+        return self._token
+
+    def admits(self, header: str | None) -> bool:
+        scheme, _, credential = (header or "").partition(" ")
+        # compare_digest takes the same time whatever prefix matches.
+        return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), self.token())
 
 
-def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Flask:
+def _etag(body: bytes) -> str:
+    digest = hashlib.sha256(ETAG_SEED + b"\0" + request.path.encode() + b"\0" + body).hexdigest()
+    return f'"{digest[:40]}"'
+
+
+def _not_modified(etag: str) -> bool:
+    wanted = request.headers.get("If-None-Match", "")
+    return any(tag.strip() in (etag, "*") for tag in wanted.split(",") if tag.strip())
+
+
+def _hook(name: str, handler: Callable[[HookRequest], dict]) -> Response:
+    started = time.perf_counter()
+    hook_request: HookRequest | None = None
+    answer: dict | None = None
+    outcome = "bad_request"  # until the request has parsed
+    try:
+        if not request.is_json:
+            return error_response(415, "Content-Type must be application/json")
+        raw = request.get_data()
+        etag = _etag(raw)
+        if _not_modified(etag):
+            outcome = "not_modified"
+            return Response(status=304, headers={"ETag": etag})
+        try:
+            hook_request = parse_request(json.loads(raw))
+        except ValueError as error:  # JSONDecodeError and BadRequest
+            prefix = "" if isinstance(error, BadRequest) else "request body is not valid JSON: "
+            return error_response(400, f"{prefix}{error}")
+        except RecursionError:
+            return error_response(400, "request body is nested too deeply")
+        outcome = "error"  # unless the handler answers
+        answer = handler(hook_request)
+        outcome = "failed" if (answer.get("status") or {}).get("state") == "failed" else "ok"
+        response = json_response(answer)
+        response.headers["ETag"] = etag
+        return response
+    finally:
+        observability.record(name, outcome, time.perf_counter() - started, hook_request and hook_request.parent, answer)
+
+
+def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFile | None = None) -> Flask:
     app = Flask(__name__)
     # Larger bodies get 413 before they are read.
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
 
+    @app.before_request
+    def authenticate() -> Response | None:
+        if auth is None or request.path in OPEN_PATHS or auth.admits(request.headers.get("Authorization")):
+            return None
+        observability.record(request.path.strip("/"), "unauthorized", 0.0, None, None)
+        response = error_response(401, "a valid bearer token is required (Authorization: Bearer <token>)")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
     @app.post("/sync")
     def sync() -> Response:
-        return _hook(reconcile.sync)
+        return _hook("sync", reconcile.sync)
 
     @app.post("/finalize")
     def finalize() -> Response:
-        return _hook(teardown.finalize)
+        return _hook("finalize", teardown.finalize)
 
     @app.post("/customize")
     def customize() -> Response:
-        return _hook(lambda hook_request: teardown.customize(hook_request.parent))
+        return _hook("customize", lambda hook_request: teardown.customize(hook_request.parent))
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -69,11 +145,20 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Flask:
     def readyz() -> Response:
         return json_response({"status": "ready"})
 
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(observability.metrics(), mimetype=None, content_type=observability.CONTENT_TYPE)
+
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException) -> Response:
         response = error_response(error.code or 500, error.description or error.name)
         if error.code == 405:
             response.headers["Allow"] = ", ".join(sorted(error.valid_methods or []))
         return response
+
+    @app.errorhandler(Exception)
+    def unexpected(error: Exception) -> Response:
+        log.exception("unhandled error on %s", request.path)
+        return error_response(500, f"internal error: {error}")
 
     return app

@@ -1,35 +1,69 @@
 """`infera-hooks`: serve the hooks, preview what an InferaDeployment renders, print the CRD."""
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from hooks import reconcile
-from hooks.app import DEFAULT_MAX_REQUEST_BYTES, create_app
-from hooks.contract import parse_request
+from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, parse_request
 from hooks.crd import crd_yaml
 
 
-def serve(bind: str, workers: int, timeout: int, max_request_bytes: int) -> None:
-    from gunicorn.app.base import BaseApplication  # gunicorn is not importable on every platform
+@dataclass(frozen=True)
+class ServeOptions:
+    bind: str
+    workers: int
+    timeout: int
+    max_request_bytes: int
+    auth_token_file: str | None
+    certfile: str | None
+    keyfile: str | None
+
+
+def serve(options: ServeOptions) -> None:
+    # prometheus_client picks its multi-process storage when it is first imported, so the
+    # directory must exist before the app (and its metrics) is imported.
+    metrics_dir = tempfile.mkdtemp(prefix="infera-hooks-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    from gunicorn.app.base import BaseApplication
+    from prometheus_client import multiprocess
+
+    from hooks.app import TokenFile, create_app
+    from hooks.observability import LOGGING
+
+    auth = TokenFile(options.auth_token_file) if options.auth_token_file else None
 
     class HookServer(BaseApplication):
         def load_config(self) -> None:
-            self.cfg.set("bind", [bind])
-            self.cfg.set("workers", workers)
-            self.cfg.set("timeout", timeout)
-            # Let Metacontroller's in-flight calls finish on SIGTERM (rolling updates, drains).
+            self.cfg.set("bind", [options.bind])
+            self.cfg.set("workers", options.workers)
+            self.cfg.set("timeout", options.timeout)
+            # On SIGTERM, in-flight hook calls finish before the workers exit.
             self.cfg.set("graceful_timeout", 20)
-            self.cfg.set("accesslog", "-")
+            self.cfg.set("logconfig_dict", LOGGING)
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
+            self.cfg.set("child_exit", lambda _server, worker: multiprocess.mark_process_dead(worker.pid))
+            if "control_socket_disable" in self.cfg.settings:
+                # Unused, and it would need a writable home directory.
+                self.cfg.set("control_socket_disable", True)
+            if options.certfile:
+                self.cfg.set("certfile", options.certfile)
+                self.cfg.set("keyfile", options.keyfile)
 
         def load(self) -> Any:
-            return create_app(max_request_bytes)
+            return create_app(options.max_request_bytes, auth)
 
-    HookServer().run()
+    try:
+        HookServer().run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def render(path: str) -> str:
@@ -60,13 +94,24 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_BYTES // (1024 * 1024)} MiB)",
     )
+    serve_cmd.add_argument(
+        "--auth-token-file", help="require `Authorization: Bearer <token>` on the hooks, the token read from FILE"
+    )
+    serve_cmd.add_argument("--certfile", help="serve HTTPS with this PEM certificate (chain)")
+    serve_cmd.add_argument("--keyfile", help="the private key of --certfile")
     render_cmd = commands.add_parser("render", help="print the children and status a YAML file renders to")
     render_cmd.add_argument("file", help="an InferaDeployment YAML file, or - for standard input")
     commands.add_parser("crd", help="print the InferaDeployment CRD generated from the API model")
     args = parser.parse_args(argv)
 
     if args.command == "serve":
-        serve(args.bind, args.workers, args.timeout, args.max_request_bytes)
+        if bool(args.certfile) != bool(args.keyfile):
+            parser.error("--certfile and --keyfile go together")
+        serve(
+            ServeOptions(
+                args.bind, args.workers, args.timeout, args.max_request_bytes, args.auth_token_file, args.certfile, args.keyfile
+            )
+        )
     elif args.command == "render":
         sys.stdout.write(render(args.file))
     else:

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -213,7 +214,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def start_server(log_dir: Path, *options: str) -> Iterator[str]:
+def start_server(log_dir: Path, *options: str, scheme: str = "http") -> Iterator[str]:
     """`infera-hooks serve` (gunicorn, two workers) on a free loopback port; yields its URL."""
     port = _free_port()
     log_path = log_dir / f"server-{port}.log"
@@ -225,12 +226,13 @@ def start_server(log_dir: Path, *options: str) -> Iterator[str]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        url = f"http://127.0.0.1:{port}"
+        url = f"{scheme}://127.0.0.1:{port}"
+        unverified = ssl._create_unverified_context() if scheme == "https" else None  # only to see it is up
         try:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    with urllib.request.urlopen(url + "/readyz", timeout=1):
+                    with urllib.request.urlopen(url + "/readyz", timeout=1, context=unverified):
                         break
                 except OSError:
                     if process.poll() is not None or time.monotonic() > deadline:

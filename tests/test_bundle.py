@@ -25,6 +25,8 @@ def test_bundle_contents(bundle) -> None:
         ("CustomResourceDefinition", "inferadeployments.infera.amd.com"),
         ("Deployment", "infera-hooks"),
         ("Namespace", "infera-system"),
+        ("NetworkPolicy", "infera-hooks"),
+        ("PodDisruptionBudget", "infera-hooks"),
         ("Service", "infera-hooks"),
         ("ServiceAccount", "infera-hooks"),
     ]
@@ -135,3 +137,46 @@ def test_readme_overlay_enables_both_components(tmp_path: Path) -> None:
     objects = render_overlay(tmp_path, readme_overlay())
     (composite,) = [obj for obj in objects if obj["kind"] == "CompositeController"]
     assert [(c["apiVersion"], c["resource"]) for c in composite["spec"]["childResources"]] == CORE + LWS + GAIE
+
+
+def test_network_policy_and_disruption_budget(bundle) -> None:
+    policy = bundle[("NetworkPolicy", "infera-hooks")]["spec"]
+    deployment = bundle[("Deployment", "infera-hooks")]
+    assert policy["podSelector"] == deployment["spec"]["selector"]
+    assert policy["ingress"] == [
+        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "metacontroller"}}}],
+         "ports": [{"port": 8080, "protocol": "TCP"}]}
+    ]
+    budget = bundle[("PodDisruptionBudget", "infera-hooks")]["spec"]
+    assert budget == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    for hook in ("sync", "finalize", "customize"):
+        assert bundle[("CompositeController", "inferadeployment-controller")]["spec"]["hooks"][hook]["webhook"]["etag"] == {"enabled": True}
+
+
+def test_auth_and_tls_components(tmp_path: Path) -> None:
+    need_schemas()
+    objects = render_overlay(
+        tmp_path,
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../infera-hooks\n"
+        "components:\n  - ../infera-hooks/metacontroller/components/auth\n  - ../infera-hooks/metacontroller/components/tls\n",
+    )
+    for obj in objects:
+        validate_object(obj)
+    by_kind = {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}
+    container = by_kind[("Deployment", "infera-hooks")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == [
+        "serve", "--bind", "0.0.0.0:8080", "--workers", "2",
+        "--auth-token-file", "/var/run/secrets/infera-hooks/auth/token",
+        "--certfile=/var/run/secrets/infera-hooks/tls/tls.crt", "--keyfile=/var/run/secrets/infera-hooks/tls/tls.key",
+    ]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert by_kind[("Service", "infera-hooks")]["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "http", "protocol": "TCP"}]
+    hooks = by_kind[("CompositeController", "inferadeployment-controller")]["spec"]["hooks"]
+    for hook in ("sync", "finalize", "customize"):
+        webhook = hooks[hook]["webhook"]
+        assert webhook["url"] == f"https://infera-hooks.infera-system.svc/{hook}"
+        assert webhook["authorization"] == {"type": "Bearer", "secretRef": {"name": "infera-hooks-auth", "namespace": "infera-system", "key": "token"}}
+        assert webhook["caBundle"] == {"secretRef": {"name": "infera-hooks-tls", "namespace": "infera-system", "key": "ca.crt"}}

