@@ -11,6 +11,18 @@ import yaml
 from tests.conftest import REPO, RESOURCE_KINDS, need_kubectl, need_schemas, validate_object
 
 
+CORE = [
+    ("apps/v1", "deployments"),
+    ("v1", "services"),
+    ("apps/v1", "statefulsets"),
+    ("v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "rolebindings"),
+]
+LWS = [("leaderworkerset.x-k8s.io/v1", "leaderworkersets")]
+GAIE = [("inference.networking.k8s.io/v1", "inferencepools"), ("gateway.networking.k8s.io/v1", "httproutes")]
+
+
 @pytest.fixture(scope="module")
 def bundle() -> dict[tuple[str, str], dict[str, Any]]:
     kubectl = need_kubectl()
@@ -45,14 +57,7 @@ def test_composite_controller_registers_exactly_the_core_kinds(bundle) -> None:
     spec = bundle[("CompositeController", "inferadeployment-controller")]["spec"]
     assert spec["generateSelector"] is True
     assert spec["parentResource"] == {"apiVersion": "infera.amd.com/v1alpha1", "resource": "inferadeployments"}
-    assert [(c["apiVersion"], c["resource"]) for c in spec["childResources"]] == [
-        ("apps/v1", "deployments"),
-        ("v1", "services"),
-        ("apps/v1", "statefulsets"),
-        ("v1", "serviceaccounts"),
-        ("rbac.authorization.k8s.io/v1", "roles"),
-        ("rbac.authorization.k8s.io/v1", "rolebindings"),
-    ]
+    assert [(c["apiVersion"], c["resource"]) for c in spec["childResources"]] == CORE
     assert all(c["updateStrategy"] == {"method": "InPlace"} for c in spec["childResources"])
     assert all(c["resource"] in RESOURCE_KINDS for c in spec["childResources"])
     for hook in ("sync", "finalize", "customize"):
@@ -100,16 +105,6 @@ def readme_overlay() -> str:
     return re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1)
 
 
-CORE = [
-    ("apps/v1", "deployments"),
-    ("v1", "services"),
-    ("apps/v1", "statefulsets"),
-    ("v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "rolebindings"),
-]
-LWS = [("leaderworkerset.x-k8s.io/v1", "leaderworkersets")]
-GAIE = [("inference.networking.k8s.io/v1", "inferencepools"), ("gateway.networking.k8s.io/v1", "httproutes")]
 
 
 @pytest.mark.parametrize(

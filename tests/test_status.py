@@ -107,11 +107,17 @@ def test_resync_of_unchanged_world_gives_byte_identical_status(hooks) -> None:
     assert mc.sync() == []
 
 
-def test_failed_spec_status_and_recovery_conditions(hooks) -> None:
+def ready_graph(hooks) -> Metacontroller:
     mc = Metacontroller(hooks, PD)
     mc.converge()
     mc.mark_ready()
     mc.converge()
+    assert mc.parent["status"]["state"] == "ready"
+    return mc
+
+
+def test_failed_spec_status_and_recovery_conditions(hooks) -> None:
+    mc = ready_graph(hooks)
     mc.edit(lambda spec: spec["services"]["server"].update(role="decode"))
     mc.converge()
     status = mc.parent["status"]
@@ -129,10 +135,7 @@ def test_failed_spec_status_and_recovery_conditions(hooks) -> None:
 
 
 def test_rollout_in_progress_is_not_ready(hooks) -> None:
-    mc = Metacontroller(hooks, PD)
-    mc.converge()
-    mc.mark_ready()
-    mc.converge()
+    mc = ready_graph(hooks)
     mc.edit(lambda spec: spec["services"]["decode"].update(image="example.com/engine:v2"))
     mc.converge()
     # The Deployment's controller has not caught up with the new template yet.
