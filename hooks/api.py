@@ -33,6 +33,9 @@ DEFAULT_WORKER_PORT = 30000
 DEFAULT_FRONTEND_PORT = 8000
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Gateway API's hostname: lower-case DNS names, optionally with a leading wildcard label.
+HOSTNAME = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Kubernetes label/annotation keys: an optional DNS-subdomain prefix and a name.
 QUALIFIED_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -233,7 +236,7 @@ class GaieSpec(ApiModel):
     """The existing Gateway the HTTPRoute attaches to. Required when enabled."""
     gateway_namespace: str | None = None
     """Namespace of the Gateway; defaults to the InferaDeployment's namespace."""
-    hostnames: list[str] | None = None
+    hostnames: Annotated[list[Annotated[str, Field(min_length=1, max_length=253, pattern=HOSTNAME)]], Field(max_length=16)] | None = None
     """Restrict the HTTPRoute to these hostnames."""
     frontend_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_FRONTEND_PORT
     """Port of the frontend sidecar in every worker pod, and the InferencePool's target port."""

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, request
@@ -28,15 +28,18 @@ OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 log = logging.getLogger("hooks")
 
 
-def _code_version() -> str:
-    try:
-        return version("infera-hooks")
-    except PackageNotFoundError:
-        return "unknown"
+def _code_digest() -> bytes:
+    """A digest of this package's source: a new build never matches an old build's ETag, even
+    when the version number did not change."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        digest.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.digest()
 
 
-# An ETag names the answer to one request body for one hook, by this version of the code.
-ETAG_SEED = _code_version().encode()
+# An ETag names the answer to one request body for one hook, by this build of the code.
+ETAG_SEED = _code_digest()
+HOOKS = ("sync", "finalize", "customize")
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -78,7 +81,7 @@ class TokenFile:
 class Answer:
     body: bytes
     outcome: str
-    parent: dict  # only its metadata, for the log line and metrics
+    parent: dict  # only its identity, for the log line and metrics
     summary: observability.Summary
 
 
@@ -126,8 +129,9 @@ def _etag(body: bytes) -> str:
 
 
 def _not_modified(etag: str) -> bool:
+    # Only an exact match: `*` would answer 304 to a request whose answer was never sent.
     wanted = request.headers.get("If-None-Match", "")
-    return any(tag.strip() in (etag, "*") for tag in wanted.split(",") if tag.strip())
+    return etag in (tag.strip() for tag in wanted.split(","))
 
 
 def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache) -> Response:
@@ -161,7 +165,8 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache)
         outcome = "failed" if (answer.get("status") or {}).get("state") == "failed" else "ok"
         response = json_response(answer)
         response.headers["ETag"] = etag
-        cache.put(etag, Answer(response.get_data(), outcome, {"metadata": parent.get("metadata")}, summary))
+        identity = {k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")}
+        cache.put(etag, Answer(response.get_data(), outcome, {"metadata": identity}, summary))
         return response
     finally:
         observability.record(name, outcome, time.perf_counter() - started, parent, summary)
@@ -177,7 +182,9 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
     def authenticate() -> Response | None:
         if auth is None or request.path in OPEN_PATHS or auth.admits(request.headers.get("Authorization")):
             return None
-        observability.record(request.path.strip("/"), "unauthorized", 0.0, None, None)
+        hook = request.path.strip("/")
+        # Only known names become metric labels: any path would otherwise make a new series.
+        observability.record(hook if hook in HOOKS else "other", "unauthorized", 0.0, None, None)
         response = error_response(401, "a valid bearer token is required (Authorization: Bearer <token>)")
         response.headers["WWW-Authenticate"] = "Bearer"
         return response

@@ -7,7 +7,7 @@ only the objects matter, never the keys. Answers may hold only `status`, `childr
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 LAST_APPLIED_ANNOTATION = "metacontroller.k8s.io/last-applied-configuration"
@@ -41,8 +41,10 @@ class HookRequest:
     parent: dict[str, Any]
     children: list[dict[str, Any]]
     finalizing: bool
-    # Objects the customize hook asked for (the graph's Pods), when it is registered.
-    related: list[dict[str, Any]] | None = None
+    # Objects the customize hook asked for, and the Kind.apiVersion keys Metacontroller sent for
+    # them (present, possibly empty, for every kind the customize hook asks for).
+    related: list[dict[str, Any]] = field(default_factory=list)
+    related_kinds: frozenset[str] = frozenset()
     # Child kinds the CompositeController registers; None when the request does not say
     # (a hand-written body), in which case every kind may be emitted.
     registered: frozenset[Kind] | None = None
@@ -80,8 +82,9 @@ def _objects(group: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(by_name, dict):
             raise BadRequest(f"'{where}.{type_key}' must be an object keyed by child name")
         for key, child in sorted(by_name.items()):
-            if not isinstance(child, dict) or not isinstance(child.get("metadata"), dict):
-                raise BadRequest(f"'{where}.{type_key}.{key}' must be a Kubernetes object")
+            metadata = child.get("metadata") if isinstance(child, dict) else None
+            if not (isinstance(metadata, dict) and isinstance(metadata.get("name"), str) and isinstance(child.get("kind"), str)):
+                raise BadRequest(f"'{where}.{type_key}.{key}' must be a Kubernetes object with a kind and a name")
             objects.append(child)
     return objects
 
@@ -103,7 +106,8 @@ def parse_request(body: Any) -> HookRequest:
         children=_objects(body.get("children"), "children"),
         finalizing=finalizing,
         registered=_registered(body),
-        related=_objects(body["related"], "related") if isinstance(body.get("related"), dict) and body["related"] else None,
+        related=_objects(body.get("related"), "related"),
+        related_kinds=frozenset(body["related"]) if isinstance(body.get("related"), dict) else frozenset(),
     )
 
 

@@ -23,8 +23,9 @@ HOOK_SECONDS = Histogram(
     ["hook", "outcome"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
-# 1 for an InferaDeployment's current state, 0 for the others; across gunicorn workers the most
-# recent value wins, so `sum by (state)` counts InferaDeployments by state.
+# 1 for an InferaDeployment's current state, 0 for the others (all 0 once finalized); across
+# gunicorn workers the most recent value wins. Each hook replica exports its own series, so count
+# with `count by (state) (max by (namespace, name, state) (infera_inferadeployment_state) == 1)`.
 STATE = Gauge(
     "infera_inferadeployment_state",
     "Current state of each InferaDeployment (1 for its state, 0 for the others).",
@@ -53,9 +54,10 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
     durations.observe(seconds)
     metadata = (parent or {}).get("metadata") or {}
     state = summary.state if summary else None
-    if state in STATES and isinstance(metadata.get("name"), str):
+    if (state in STATES or (summary and summary.finalized)) and isinstance(metadata.get("name"), str):
+        # A finalized InferaDeployment is gone: it counts in no state any more.
         for each, gauge in _state_metrics(str(metadata.get("namespace", "")), metadata["name"]):
-            gauge.set(1 if each == state else 0)
+            gauge.set(1 if each == state and not summary.finalized else 0)
     fields = {
         "hook": hook,
         "namespace": metadata.get("namespace"),
@@ -75,11 +77,16 @@ class Summary:
 
     state: str | None
     children: int | None
+    finalized: bool = False
 
     @classmethod
     def of(cls, answer: dict[str, Any]) -> "Summary":
         children = answer.get("children")
-        return cls((answer.get("status") or {}).get("state"), len(children) if isinstance(children, list) else None)
+        return cls(
+            (answer.get("status") or {}).get("state"),
+            len(children) if isinstance(children, list) else None,
+            answer.get("finalized") is True,
+        )
 
 
 def metrics() -> bytes:

@@ -9,7 +9,7 @@ from hooks import status
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
-from hooks.renderers import render_children
+from hooks.renderers import gaie, render_children
 from hooks.renderers.common import SERVICE_LABEL
 
 # Where each optional kind is registered; the rest are in the base bundle.
@@ -51,7 +51,12 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
 def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
     try:
         idep = parse_parent(request.parent)
-        children, unregistered = withhold_unregistered(request, render_children(idep))
+        children = render_children(idep)
+        if idep.spec.gaie.enabled and not all(request.allows(child) for child in gaie.render(idep)):
+            # Without its gateway objects, GAIE would only half-convert the graph (sidecars
+            # rolled into every GPU pod, a router in direct mode): keep the graph as without it.
+            children = render_children(gaie.without_gateway(idep)) + gaie.render(idep)
+        children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.children)
     except SpecError as error:
         return _keep_observed(request, str(error), now)

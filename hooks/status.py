@@ -84,10 +84,12 @@ def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, 
 
 
 def _accepted(obj: dict[str, Any] | None) -> bool:
-    """A parent (Gateway) reports the object Accepted=True in status.parents[].conditions."""
+    """A parent (Gateway) reports the object's current generation Accepted=True in
+    status.parents[].conditions (an older generation's verdict does not count)."""
     parents = ((obj or {}).get("status") or {}).get("parents") or []
+    generation = _as_int(((obj or {}).get("metadata") or {}).get("generation"))
     return any(
-        c.get("type") == "Accepted" and c.get("status") == "True"
+        c.get("type") == "Accepted" and c.get("status") == "True" and _as_int(c.get("observedGeneration", generation)) >= generation
         for parent in parents if isinstance(parent, dict)
         for c in parent.get("conditions") or [] if isinstance(c, dict)
     )

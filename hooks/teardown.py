@@ -11,18 +11,30 @@ gives the same next step, and a child already let go is never handed back.
 2. workers: once no ingress object is left, worker Deployments and LeaderWorkerSets go and
    their pods drain (preStop, then the engine's drain timeout);
 3. plane: NATS and the discovery identity go once no worker pod is left, since a draining
-   worker still publishes KV events and still patches its own Pod.
+   worker still publishes KV events and still patches its own Pod. Without the customize hook
+   (no pods visible), they go once the longest worker grace period since the deletion began
+   has passed; a pod long past its own deletion deadline (a lost node) no longer holds them.
 """
 
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.renderers.common import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
+from hooks.renderers.pods import pod_template as workload_template
 
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
 # propagating), even if no watch event arrives.
 RESYNC_SECONDS = 5
 INGRESS_KINDS = ("InferencePool", "HTTPRoute")
+# Past its deletion deadline by this much, a pod is stuck (lost node) rather than draining.
+STUCK_POD_SLACK = timedelta(seconds=60)
+# Between the deletion request and the worker workloads' deletion (the ingress step).
+STAGE_SLACK = timedelta(seconds=30)
+# The drain window assumed when the spec cannot be read.
+FALLBACK_GRACE_SECONDS = 600
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 
 
@@ -49,31 +61,57 @@ def stage(child: dict[str, Any]) -> str:
     return "plane"
 
 
-def worker_pods(request: HookRequest) -> list[dict[str, Any]] | None:
-    """This graph's worker pods, or None when the customize hook is not registered."""
-    if request.related is None:
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def draining_worker_pods(request: HookRequest, now: datetime) -> list[dict[str, Any]] | None:
+    """This graph's worker pods that may still be draining, or None when the customize hook is
+    not registered (the pods are not visible)."""
+    if "Pod.v1" not in request.related_kinds:
         return None
     name = request.parent["metadata"]["name"]
-    return [
-        pod for pod in request.related
-        if pod.get("kind") == "Pod"
-        and _labels(pod).get(DEPLOYMENT_LABEL) == name
-        and _labels(pod).get(COMPONENT_LABEL) == "worker"
-    ]
+    pods = []
+    for pod in request.related:
+        labels = _labels(pod)
+        if pod.get("kind") != "Pod" or labels.get(DEPLOYMENT_LABEL) != name or labels.get(COMPONENT_LABEL) != "worker":
+            continue
+        # A pod's deletionTimestamp is when its grace period ends. Long past it, the pod is stuck
+        # on a lost node and runs nothing: it must not hold the teardown forever.
+        deadline = _time(pod["metadata"].get("deletionTimestamp"))
+        if deadline is None or now < deadline + STUCK_POD_SLACK:
+            pods.append(pod)
+    return pods
 
 
-def finalize(request: HookRequest) -> dict[str, Any]:
+def longest_worker_grace(parent: dict[str, Any]) -> timedelta:
+    """The longest termination grace period a worker pod of this graph gets."""
+    try:
+        idep = InferaDeployment.model_validate({"metadata": parent.get("metadata"), "spec": parent.get("spec") or {}})
+        templates = [workload_template(idep, service, svc) for service, svc in idep.spec.services.items() if svc.is_worker]
+        seconds = max((t["spec"].get("terminationGracePeriodSeconds", 0) for t in templates), default=0)
+    except (ValueError, SpecError):  # an invalid spec must not stop the teardown
+        seconds = FALLBACK_GRACE_SECONDS
+    return timedelta(seconds=seconds)
+
+
+def finalize(request: HookRequest, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
     by_stage: dict[str, list[dict[str, Any]]] = {"ingress": [], "workers": [], "plane": []}
     for child in request.children:
         by_stage[stage(child)].append(child)
     if not request.children:
         return {"status": {"state": "terminating", "message": "all children deleted"}, "children": [], "finalized": True}
 
-    pods = worker_pods(request) or []
     if by_stage["ingress"]:
         kept, message = by_stage["workers"] + by_stage["plane"], f"stopping traffic: removing {len(by_stage['ingress'])} ingress objects"
     elif by_stage["workers"]:
         kept, message = by_stage["plane"], f"draining {len(by_stage['workers'])} worker pools"
+    elif (pods := draining_worker_pods(request, now())) is None and _blind_drain_pending(request, now()):
+        # Without pod visibility, wait as long as a worker could take to drain.
+        kept, message = by_stage["plane"], "waiting for worker pods to finish draining (their grace period)"
     elif pods:
         kept, message = by_stage["plane"], f"waiting for {len(pods)} worker pods to finish draining"
     else:
@@ -84,6 +122,13 @@ def finalize(request: HookRequest) -> dict[str, Any]:
         "finalized": False,
         "resyncAfterSeconds": RESYNC_SECONDS,
     }
+
+
+def _blind_drain_pending(request: HookRequest, now: datetime) -> bool:
+    """Without the customize hook: whether worker pods could still be draining, counting from
+    the moment the InferaDeployment's deletion began."""
+    started = _time(request.parent["metadata"].get("deletionTimestamp")) or now
+    return now < started + longest_worker_grace(request.parent) + STAGE_SLACK
 
 
 def customize(parent: dict[str, Any]) -> dict[str, Any]:

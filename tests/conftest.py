@@ -141,7 +141,8 @@ def request_body(
     for child in observed:
         key = child["metadata"]["name"] if version == "v1" else f"{namespace}/{child['metadata']['name']}"
         children[f"{child['kind']}.{child['apiVersion']}"][key] = child
-    related_map: dict[str, dict[str, Any]] = {}
+    # With a customize hook, Metacontroller sends every related kind it asked for, even empty.
+    related_map: dict[str, dict[str, Any]] = {} if related is None else {"Pod.v1": {}}
     for obj in related or []:
         key = obj["metadata"]["name"] if version == "v1" else f"{namespace}/{obj['metadata']['name']}"
         related_map.setdefault(f"{obj['kind']}.{obj['apiVersion']}", {})[key] = obj

@@ -11,6 +11,7 @@ can count them.
 import copy
 import itertools
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any, Callable
 
 from tests import apiserver
@@ -19,6 +20,16 @@ from tests.conftest import RESOURCE_KINDS, HookClient, controller_for, parent, r
 LAST_APPLIED = "metacontroller.k8s.io/last-applied-configuration"
 
 Write = tuple[str, str, str]  # (create | update | delete | status, kind, name)
+
+
+def _now(offset_seconds: int) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=offset_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _templates_grace(workload: dict[str, Any]) -> int:
+    spec = workload.get("spec") or {}
+    template = spec.get("template") or (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
+    return (template.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
 
 
 def gateway_status(accepted: bool) -> dict[str, Any]:
@@ -110,6 +121,8 @@ class Metacontroller:
     def finalize(self) -> list[Write]:
         """One finalize call while the parent is being deleted; returns the writes it caused."""
         assert not self.finalized, "Metacontroller does not call a parent whose finalizer is gone"
+        # The API server stamps the deletion request on the parent.
+        self.parent["metadata"].setdefault("deletionTimestamp", _now(0))
         start = len(self.writes)
         self.finalize_calls += 1
         answer = self.client.hook("/finalize", self.body(finalizing=True))
@@ -206,8 +219,13 @@ class Metacontroller:
                 self.children[key] = stored
                 self.writes.append(("update", *key))
         for key in sorted(set(self.children) - desired_keys):
-            del self.children[key]
+            deleted = self.children.pop(key)
             self.writes.append(("delete", *key))
+            # Its pods terminate: their deletionTimestamp is when their grace period ends.
+            grace = _templates_grace(deleted)
+            for pod in self.pods.values():
+                if (pod["metadata"]["ownerReferences"][0]["kind"], pod["metadata"]["ownerReferences"][0]["name"]) == key:
+                    pod["metadata"]["deletionTimestamp"] = _now(grace)
 
     def _created(self, stamped: dict[str, Any]) -> dict[str, Any]:
         stored = apiserver.store(stamped)

@@ -116,7 +116,8 @@ def test_frontend_sidecar_and_direct_router(hooks) -> None:
         "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS,
     ]
     assert sidecar["ports"] == [{"name": "frontend", "containerPort": 8100, "protocol": "TCP"}]
-    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": "frontend", "scheme": "HTTP"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": 8100, "scheme": "HTTP"}
+    assert sidecar["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
     assert "POD_IP" in [v["name"] for v in sidecar["env"]]
     assert by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["targetPorts"] == [{"number": 8100}]
     (server,) = by_key(answer)[("Deployment", "qwen-pd-server")]["spec"]["template"]["spec"]["containers"]
@@ -195,6 +196,10 @@ def test_unregistered_gaie_kinds_are_withheld_with_a_reason(hooks) -> None:
     assert ("Deployment", "qwen-pd-epp") not in by_key(answer)  # the gateway part is withheld as a unit
     assert answer["status"]["state"] == "failed"
     assert "enable the kustomize component metacontroller/components/gaie" in answer["status"]["message"]
+    # The rest of the graph stays exactly as without GAIE: no sidecar, no direct-mode router.
+    without = parent(PD)
+    plain = {key: c for key, c in by_key(hooks.hook("/sync", request_body(without, composite=controller()))).items()}
+    assert by_key(answer) == plain
 
 
 def test_upstream_gaie_sample_renders(hooks) -> None:

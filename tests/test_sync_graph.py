@@ -97,7 +97,7 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
                             },
                             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
                             "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"},
+                                "httpGet": {"path": "/health", "port": 30000, "scheme": "HTTP"},
                                 "failureThreshold": 3,
                                 "periodSeconds": 10,
                                 "successThreshold": 1,
@@ -141,7 +141,7 @@ def test_server_deployment_and_service(hooks) -> None:
     assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"] == {
         "type": "ClusterIP",
         "selector": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/service": "server"},
-        "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+        "ports": [{"name": "http", "port": 8000, "targetPort": 8000, "protocol": "TCP"}],
     }
 
 

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from hooks import teardown
+from hooks.contract import parse_request
 from tests.conftest import REPO, controller, need_schemas, parent, request_body
 from tests.simulator import Metacontroller
 
@@ -80,9 +82,9 @@ def test_every_stage_is_idempotent(hooks) -> None:
     mc = full_graph(hooks)
     stages = 0
     while not mc.finalized:
-        body = mc.body(finalizing=True)
-        first = hooks.hook("/finalize", body)
-        assert hooks.hook("/finalize", body) == first
+        request = parse_request(mc.body(finalizing=True))
+        # The function itself, twice (over HTTP the second call would come from the answer cache).
+        assert teardown.finalize(request) == teardown.finalize(request) == hooks.hook("/finalize", mc.body(finalizing=True))
         writes = mc.finalize()
         if not writes:
             mc.pods_finish_draining()
@@ -92,17 +94,18 @@ def test_every_stage_is_idempotent(hooks) -> None:
 
 
 def test_children_are_never_handed_back(hooks) -> None:
+    """Every answer lists only children that are observed: one already let go never returns,
+    even when a later call still sees part of the old world."""
     mc = full_graph(hooks)
-    mc.finalize()
-    # A late call with the pre-deletion world still answers only with observed children; the
-    # simulator asserts that nothing already released is listed.
-    body = mc.body(finalizing=True)
-    answer = hooks.hook("/finalize", body)
-    observed = {(c["kind"], c["metadata"]["name"]) for c in mc.children.values()}
-    assert {(c["kind"], c["metadata"]["name"]) for c in answer["children"]} <= observed
+    while not mc.finalized:
+        observed = set(mc.children)
+        answer = hooks.hook("/finalize", mc.body(finalizing=True))
+        assert {(c["kind"], c["metadata"]["name"]) for c in answer["children"]} <= observed
+        if not mc.finalize():
+            mc.pods_finish_draining()
 
 
-def test_without_the_customize_hook_plane_goes_after_the_workers(hooks) -> None:
+def test_without_the_customize_hook_the_plane_waits_out_the_grace_period(hooks) -> None:
     obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
     composite = controller()
     del composite["spec"]["hooks"]["customize"]
@@ -111,8 +114,26 @@ def test_without_the_customize_hook_plane_goes_after_the_workers(hooks) -> None:
     mc.run_pods()
     assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-server"), ("Service", "qwen-pd-server")}
     assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
-    assert deleted(mc.finalize()) == PLANE  # no pod visibility: nothing to wait on
+    # Pods are not visible: the plane stays for the longest worker grace period (60 s here).
+    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
+    assert mc.parent["status"]["message"] == "waiting for worker pods to finish draining (their grace period)"
+    assert set(mc.children) == PLANE
+    mc.parent["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # long ago
+    assert deleted(mc.finalize()) == PLANE
     assert mc.finalize() == [("finalized", "InferaDeployment", "qwen-pd")]
+
+
+def test_a_pod_stuck_on_a_lost_node_does_not_hold_the_plane(hooks) -> None:
+    mc = full_graph(hooks)
+    mc.finalize()
+    mc.finalize()
+    assert mc.parent["status"]["message"].startswith("draining")
+    mc.finalize()
+    assert mc.parent["status"]["message"] == "waiting for 3 worker pods to finish draining"
+    stuck = next(pod for pod in mc.pods.values() if pod["metadata"]["labels"].get("infera.amd.com/component") == "worker")
+    mc.pods = {name: pod for name, pod in mc.pods.items() if pod is stuck}
+    stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # its grace period ended long ago
+    assert deleted(mc.finalize()) == PLANE
 
 
 def test_parent_with_no_children_finalizes_at_once(hooks) -> None:

@@ -146,3 +146,12 @@ def render(idep: InferaDeployment) -> list[dict]:
     if not idep.spec.gaie.enabled:
         return []
     return [epp_deployment(idep), epp_service(idep), inference_pool(idep), http_route(idep)]
+
+
+def without_gateway(idep: InferaDeployment) -> InferaDeployment:
+    """The same graph with GAIE off (and without patches aimed at its objects): what to run
+    while the cluster's CompositeController cannot create the gateway objects."""
+    gateway_children = {child_name(idep, EPP_SUFFIX), pool_name(idep), route_name(idep)}
+    patches = [p for p in idep.spec.patches or [] if p.target.name not in gateway_children] or None
+    spec = idep.spec.model_copy(update={"gaie": idep.spec.gaie.model_copy(update={"enabled": False}), "patches": patches})
+    return idep.model_copy(update={"spec": spec})

@@ -11,7 +11,8 @@ fields. The primary container is the one named `main` or `infera`, else the firs
 | volumes, containers | merged by name; the template wins on a clash |
 | primary container fields (command, args, image, probes, ...) | the template's where set |
 | its env, volumeMounts, ports | merged by name, mountPath, containerPort; the template wins |
-| its resources, securityContext, lifecycle | merged key by key; the template wins |
+| its resources, securityContext | merged key by key; the template wins (an extended resource such as a GPU gets one value for request and limit) |
+| its lifecycle | merged by handler (postStart, preStop); the template's handler replaces the operator's |
 | serviceAccountName | the template's, else the discovery account |
 | terminationGracePeriodSeconds | the larger of the template's and the drain-sized one |
 """
@@ -23,7 +24,7 @@ from hooks.api import SpecError, primary_index
 from hooks.quantity import canonical_quantity
 
 # Merged key by key rather than replaced (a probe is replaced whole: mixing handlers is invalid).
-DEEP_MERGED = ("resources", "securityContext", "lifecycle")
+DEEP_MERGED = ("resources", "securityContext")
 
 
 def _deep_merge(base: Any, top: Any) -> Any:
@@ -57,9 +58,23 @@ def _merge_container(operator: dict, template: dict, where: str) -> dict:
             merged[key] = _merge_list(operator.get(key, []), _objects(value, f"{where}.ports"), "containerPort", "name")
         elif key in DEEP_MERGED:
             merged[key] = _deep_merge(operator.get(key), value)
+        elif key == "lifecycle" and isinstance(value, dict):
+            # One handler per hook: the template's preStop replaces the operator's whole.
+            merged[key] = {**operator.get(key, {}), **copy.deepcopy(value)}
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+def _one_value_per_extended_resource(resources: dict, template: dict) -> None:
+    """Kubernetes requires request == limit for extended resources (GPUs, RDMA devices): the
+    template's value, limit first, is used for both."""
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    chosen = {**(template.get("requests") or {}), **(template.get("limits") or {})}
+    for name in set(requests) | set(limits):
+        if "/" in name and not name.startswith(("hugepages-", "kubernetes.io/")):
+            value = chosen.get(name, limits.get(name, requests.get(name)))
+            resources.setdefault("requests", {})[name] = resources.setdefault("limits", {})[name] = value
 
 
 def overlay(operator: dict, extra: dict, where: str) -> dict:
@@ -73,7 +88,10 @@ def overlay(operator: dict, extra: dict, where: str) -> dict:
     if index is None:
         containers = [copy.deepcopy(operator_main)]
     else:
-        containers[index] = _merge_container(operator_main, containers[index], f"{where}.containers[{index}]")
+        template = containers[index]
+        containers[index] = _merge_container(operator_main, template, f"{where}.containers[{index}]")
+        if isinstance(containers[index].get("resources"), dict):
+            _one_value_per_extended_resource(containers[index]["resources"], template.get("resources") or {})
     names = {container.get("name") for container in containers}
     spec["containers"] = containers + [c for c in operator_rest if c["name"] not in names]
 

@@ -202,7 +202,8 @@ def main_container(idep: InferaDeployment, svc: ServiceSpec, env: list[dict], le
         # Only the pod that serves HTTP (rank 0 of a group) can answer /health.
         if leader and not svc.skip_readiness_probe:
             container["readinessProbe"] = {
-                "httpGet": {"path": "/health", "port": PORT_NAME, "scheme": "HTTP"},
+                # By number: an extraPodSpec may name the port differently.
+                "httpGet": {"path": "/health", "port": svc.effective_port, "scheme": "HTTP"},
                 **WORKER_READINESS_PROBE,
             }
         container["lifecycle"] = {
@@ -229,8 +230,11 @@ def frontend_sidecar(idep: InferaDeployment) -> dict:
         "command": command,
         "ports": [{"name": FRONTEND_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "env": operator_env(idep, router=True),
+        # All gateway traffic enters through the sidecar: it must outlive the endpoint's removal
+        # from the InferencePool just as the engine does.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_DELAY_SECONDS)]}}},
         "readinessProbe": {
-            "httpGet": {"path": "/v1/models", "port": FRONTEND_PORT_NAME, "scheme": "HTTP"},
+            "httpGet": {"path": "/v1/models", "port": port, "scheme": "HTTP"},
             "failureThreshold": 3,
             "periodSeconds": 10,
             "successThreshold": 1,

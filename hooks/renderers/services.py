@@ -14,6 +14,7 @@ def server_service(idep: InferaDeployment, service: str, svc: ServiceSpec) -> di
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(idep, service),
-            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+            # By number: an extraPodSpec may name the container port differently.
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
