@@ -232,9 +232,9 @@ class GaieSpec(ApiModel):
     """Image of the Endpoint Picker and the frontend sidecar; defaults to spec.image."""
     tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
     """Tokenizer (HF model id or local path) the EPP uses for token-aware scoring. Required when enabled."""
-    gateway_name: Annotated[str, Field(min_length=1)] | None = None
+    gateway_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
     """The existing Gateway the HTTPRoute attaches to. Required when enabled."""
-    gateway_namespace: str | None = None
+    gateway_namespace: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL.pattern)] | None = None
     """Namespace of the Gateway; defaults to the InferaDeployment's namespace."""
     hostnames: Annotated[list[Annotated[str, Field(min_length=1, max_length=253, pattern=HOSTNAME)]], Field(max_length=16)] | None = None
     """Restrict the HTTPRoute to these hostnames."""

@@ -9,6 +9,7 @@ import copy
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -98,6 +99,42 @@ def controller(*components: str) -> dict[str, Any]:
         for patch in kustomization["patches"]:
             composite = jsonpatch.apply_patch(composite, yaml.safe_load(patch["patch"]))
     return composite
+
+
+# Plausible values for the <PLACEHOLDERS> of the upstream operator's examples.
+PLACEHOLDERS = {
+    "NAMESPACE": "infera",
+    "ENGINE_IMAGE": "rocm/infera:sglang-v0.1.1",
+    "IMAGE_PULL_SECRET": "regcred",
+    "MODEL_PVC": "models",
+    "MODEL_PATH": "/models/Qwen3-0.6B",
+    "MODEL_DIR": "/mnt/models",
+    "MODEL_HF_ID": "Qwen/Qwen3-0.6B",
+    "RDMA_IB_DEVICE": "rdma0",
+    "RDMA_HCA_LIST": "rdma0,rdma1",
+    "ROCE_V2_GID_INDEX": "3",
+    "GATEWAY_CLASS": "kgateway",
+    "PREFILL_NODE": "node-a",
+    "DECODE_NODE": "node-b",
+    "CSI_DRIVER": "csi.example.com",
+    "CSI_SECRET_NAME": "csi-secret",
+    "CSI_SECRET_NAMESPACE": "infera",
+    "CSI_VOLUME_HANDLE": "models-volume",
+}
+
+
+def upstream_corpus() -> list[tuple[str, dict[str, Any]]]:
+    """(file name, InferaDeployment) of the upstream examples, placeholders filled in; empty
+    when the corpus is missing (tests check for it with need())."""
+    examples = SHARED / "upstream" / "examples"
+    found = []
+    for path in sorted(examples.glob("*.yaml")) if examples.is_dir() else []:
+        text = re.sub(r"<([A-Z0-9_]+)>", lambda m: PLACEHOLDERS.get(m.group(1), m.group(0)), path.read_text())
+        for doc in yaml.safe_load_all(text):
+            if doc and doc.get("kind") == "InferaDeployment":
+                assert not re.search(r"<[A-Z0-9_]+>", json.dumps(doc)), f"{path.name}: an unfilled placeholder"
+                found.append((path.name, doc))
+    return found
 
 
 def controller_for(idep: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from hooks import api
-from tests.conftest import REPO, load_yaml, parent
-from tests.test_crd import upstream_inferadeployments
+from tests.conftest import REPO, load_yaml, parent, upstream_corpus
 
 CRD = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
 ROOT = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -55,7 +54,7 @@ def test_every_rule_compiles() -> None:
 
 def test_examples_and_upstream_corpus_pass_every_rule() -> None:
     documents = [doc for path in sorted((REPO / "examples").glob("*.yaml")) for doc in load_yaml(path)]
-    documents += [doc for _, doc in upstream_inferadeployments()]
+    documents += [doc for _, doc in upstream_corpus()]
     assert len(documents) >= 3
     for doc in documents:
         assert cel_violations(ROOT, doc) == [], doc["metadata"]["name"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hooks.crd import CRD_PATH
-from tests.conftest import REPO, SHARED, load_yaml, need
+from tests.conftest import REPO, SHARED, load_yaml, need, upstream_corpus
 from tests.schemas import crd_schema, validate
 
 CRD_FILE = REPO / CRD_PATH
@@ -160,19 +160,10 @@ def test_every_example_passes_admission(admission) -> None:
             assert _errors(admission, doc) == [], path.name
 
 
-def upstream_inferadeployments() -> list[tuple[str, dict[str, Any]]]:
-    found = []
-    for path in sorted((UPSTREAM / "examples").glob("*.yaml")):
-        for doc in load_yaml(path):
-            if doc.get("kind") == "InferaDeployment":
-                found.append((path.name, doc))
-    return found
-
-
 def test_upstream_corpus_passes_admission(admission) -> None:
     """Our API is a superset of the upstream operator's: everything written for it is accepted."""
     need(UPSTREAM.is_dir(), f"upstream corpus not found at {UPSTREAM} (set INFERA_SHARED_DIR)")
-    corpus = upstream_inferadeployments()
+    corpus = upstream_corpus()
     assert len(corpus) >= 10
     for name, doc in corpus:
         assert _errors(admission, doc) == [], name

@@ -1,14 +1,11 @@
 """extraPodSpec both ways (full template, partial overlay) and the upstream operator's corpus."""
 
 import copy
-import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import REPO, SHARED, need, need_schemas, parent
+from tests.conftest import REPO, SHARED, need, need_schemas, parent, upstream_corpus
 from tests.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
@@ -113,6 +110,27 @@ def test_template_wins_on_clashes(hooks) -> None:
     assert spec["terminationGracePeriodSeconds"] == 630  # the template's 600 s drain needs more
 
 
+def test_template_port_names_handlers_and_gpu_counts(hooks) -> None:
+    """A template may name the port differently, use another preStop handler, or ask for more
+    GPUs than the flat fields: the pod must still be valid and its probe and Service work."""
+    extra = {"containers": [{
+        "name": "main",
+        "ports": [{"name": "engine", "containerPort": 30000}],
+        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 30000}}},
+        "resources": {"limits": {"amd.com/gpu": 2}},
+    }]}
+    obj = pd_with("decode", extra)
+    obj["spec"]["services"]["server"]["extraPodSpec"] = {"containers": [{"name": "main", "ports": [{"name": "api", "containerPort": 8000}]}]}
+    answer = hooks.sync(obj)
+    (main,) = pod(answer, "qwen-pd-decode")["spec"]["containers"]
+    assert main["ports"] == [{"name": "engine", "containerPort": 30000}]
+    assert main["readinessProbe"]["httpGet"]["port"] == 30000  # by number, whatever the name
+    assert main["lifecycle"] == {"preStop": {"httpGet": {"path": "/drain", "port": 30000}}}  # one handler
+    assert main["resources"]["requests"]["amd.com/gpu"] == main["resources"]["limits"]["amd.com/gpu"] == "2"
+    (service,) = [c for c in answer["children"] if c["kind"] == "Service" and c["metadata"]["name"] == "qwen-pd-server"]
+    assert service["spec"]["ports"][0]["targetPort"] == 8000
+
+
 def test_partial_overlay_keeps_the_flat_fields(hooks) -> None:
     extra = {
         "nodeSelector": {"gpu.amd.com/family": "mi300x"},
@@ -181,39 +199,8 @@ def test_full_template_converges_without_churn(hooks) -> None:
 
 # --- the upstream operator's corpus ---------------------------------------------------------
 
-PLACEHOLDERS = {
-    "NAMESPACE": "infera",
-    "ENGINE_IMAGE": "rocm/infera:sglang-v0.1.1",
-    "IMAGE_PULL_SECRET": "regcred",
-    "MODEL_PVC": "models",
-    "MODEL_PATH": "/models/Qwen3-0.6B",
-    "MODEL_DIR": "/mnt/models",
-    "MODEL_HF_ID": "Qwen/Qwen3-0.6B",
-    "RDMA_IB_DEVICE": "rdma0",
-    "RDMA_HCA_LIST": "rdma0,rdma1",
-    "ROCE_V2_GID_INDEX": "3",
-    "GATEWAY_CLASS": "kgateway",
-    "PREFILL_NODE": "node-a",
-    "DECODE_NODE": "node-b",
-    "CSI_DRIVER": "csi.example.com",
-    "CSI_SECRET_NAME": "csi-secret",
-    "CSI_SECRET_NAMESPACE": "infera",
-    "CSI_VOLUME_HANDLE": "models-volume",
-}
-
-
-def filled(path: Path) -> list[dict[str, Any]]:
-    """The file's InferaDeployments with every <PLACEHOLDER> replaced by a plausible value."""
-    text = re.sub(r"<([A-Z0-9_]+)>", lambda m: PLACEHOLDERS.get(m.group(1), m.group(0)), path.read_text())
-    docs = [doc for doc in yaml.safe_load_all(text) if doc and doc.get("kind") == "InferaDeployment"]
-    assert "<" not in yaml.safe_dump(docs).replace("<metadata", ""), f"{path.name}: an unfilled placeholder"
-    return docs
-
-
 def corpus() -> list[tuple[str, dict[str, Any]]]:
-    if not UPSTREAM.is_dir():
-        return []
-    return [(f"{path.name}:{doc['metadata']['name']}", doc) for path in sorted(UPSTREAM.glob("*.yaml")) for doc in filled(path)]
+    return [(f"{path}:{doc['metadata']['name']}", doc) for path, doc in upstream_corpus()]
 
 
 CORPUS = corpus()

@@ -212,3 +212,26 @@ def test_upstream_gaie_sample_renders(hooks) -> None:
     route = children[("HTTPRoute", "demo-gaie-route")]["spec"]
     assert route["parentRefs"][0]["namespace"] == "my-model" and route["parentRefs"][0]["name"] == "inference-gateway"
     assert {("Deployment", "demo-gaie-epp"), ("InferencePool", "demo-gaie-pool")} <= set(children)
+
+
+@pytest.mark.parametrize(
+    ("gaie", "field"),
+    [({"hostnames": ["Qwen.Example.com"]}, "spec.gaie.hostnames.0"), ({"hostnames": ["qwen.example.com:8080"]}, "spec.gaie.hostnames.0"),
+     ({"gatewayNamespace": "Bad_NS"}, "spec.gaie.gatewayNamespace"), ({"gatewayName": "gw/x"}, "spec.gaie.gatewayName")],
+)
+def test_gateway_references_are_validated(hooks, gaie: dict, field: str) -> None:
+    status = hooks.sync(gaie_pd(**gaie))["status"]
+    assert status["state"] == "failed" and f"invalid spec: {field}: String should match pattern" in status["message"]
+
+
+def test_a_stale_acceptance_does_not_count(hooks) -> None:
+    need_schemas()
+    mc = Metacontroller(hooks, gaie_pd(), composite=WITH_GAIE)
+    mc.converge()
+    mc.mark_ready()
+    mc.gateway_accepts()
+    mc.converge()
+    assert mc.parent["status"]["gaie"]["ready"] is True
+    mc.children[("HTTPRoute", "qwen-pd-route")]["metadata"]["generation"] = 2  # edited; the gateway has not caught up
+    mc.converge()
+    assert mc.parent["status"]["gaie"]["httpRouteAccepted"] is False

@@ -53,6 +53,7 @@ def test_bearer_token_guards_hooks_but_not_health_or_metrics(tmp_path: Path) -> 
         assert authed(client, "Bearer s3cret-token") == 200
         assert authed(client, "bearer s3cret-token", "/finalize") == 200
         assert authed(client, None, "/customize") == 401
+        assert authed(client, None, "/no/such/hook") == 401
         for path in ("/healthz", "/readyz", "/metrics"):
             assert client.request("GET", path).status == 200
         # A rotated Secret is picked up without a restart.
@@ -62,6 +63,9 @@ def test_bearer_token_guards_hooks_but_not_health_or_metrics(tmp_path: Path) -> 
         assert authed(client, "Bearer rotated") == 200
         metrics = client.request("GET", "/metrics").body.decode()
         assert re.search(r'infera_hook_requests_total\{hook="sync",outcome="unauthorized"\} 4\.0', metrics)
+        # Arbitrary paths never become label values.
+        assert re.search(r'infera_hook_requests_total\{hook="other",outcome="unauthorized"\} 1\.0', metrics)
+        assert "no/such/hook" not in metrics
 
 
 def test_unreadable_token_file_fails_at_start(tmp_path: Path) -> None:
@@ -122,6 +126,7 @@ def test_etag_and_not_modified(hooks) -> None:
     assert post(etag) == (304, etag, b"")
     assert post('"other", ' + etag)[0] == 304
     assert post('"stale"')[0] == 200
+    assert post("*")[0] == 200  # only an exact match: Metacontroller holds no answer for `*`
     other = hooks.post("/finalize", json.loads(body))
     assert other.headers["ETag"] != etag  # per hook, not only per body
 
