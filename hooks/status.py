@@ -42,9 +42,10 @@ def _condition(
 
 
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+Observed = dict[tuple[str, str], dict]  # observed children by (kind, name)
 
 
-def _workload(idep: InferaDeployment, service: str, observed: dict[tuple[str, str], dict]) -> dict | None:
+def _workload(idep: InferaDeployment, service: str, observed: Observed) -> dict | None:
     """The service's observed workload: of the kind the spec asks for, else of the other kind,
     which still serves during a switch or while the wanted kind is not registered."""
     name = child_name(idep, service)
@@ -66,9 +67,8 @@ def _current_ready(workload: dict | None) -> int:
     return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
 
 
-def service_statuses(idep: InferaDeployment, observed: list[dict]) -> dict[str, dict]:
+def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, dict]:
     """Each service's workload kind and counts as the workload reports them."""
-    by_key = {child_key(child): child for child in observed}
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
         workload = _workload(idep, service, by_key)
@@ -99,9 +99,8 @@ def _reports_conditions(obj: dict[str, Any]) -> bool:
     return any(isinstance(p, dict) and p.get("conditions") for p in (obj.get("status") or {}).get("parents") or [])
 
 
-def gaie_status(idep: InferaDeployment, observed: list[dict]) -> dict[str, Any]:
+def gaie_status(idep: InferaDeployment, by_key: Observed) -> dict[str, Any]:
     """The Inference Gateway objects as their controllers report them."""
-    by_key = {child_key(child): child for child in observed}
     epp = by_key.get(("Deployment", child_name(idep, EPP_SUFFIX))) or {}
     pool = by_key.get(("InferencePool", gaie.pool_name(idep)))
     route = by_key.get(("HTTPRoute", gaie.route_name(idep)))
@@ -143,13 +142,13 @@ def roll_up(
     """`notices` are changes that could not be applied; `unregistered` names children withheld
     because the CompositeController does not register their kind (the graph is then failed)."""
     generation = idep.metadata.generation
-    services = service_statuses(idep, observed)
     by_key = {child_key(child): child for child in observed}
+    services = service_statuses(idep, by_key)
     current = {service: _current_ready(_workload(idep, service, by_key)) for service in services}
     # Readiness is judged against the spec: a replica that was never created is not ready.
     waiting = {service: ready for service, ready in current.items() if ready < idep.spec.services[service].replicas}
     total = len(services)
-    gateway = gaie_status(idep, observed) if idep.spec.gaie.enabled else None
+    gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None
     gateway_waiting = _gaie_waiting(gateway) if gateway else None
     if not observed:
         state, reason, message = "initializing", "Initializing", f"creating {total} services"
