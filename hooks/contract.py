@@ -13,7 +13,6 @@ from typing import Any
 LAST_APPLIED_ANNOTATION = "metacontroller.k8s.io/last-applied-configuration"
 # Metacontroller sends the parent plus every child; 16 MiB is far above any real graph.
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
-RESPONSE_FIELDS = frozenset({"status", "children", "resyncAfterSeconds", "finalized"})
 
 
 class BadRequest(ValueError):

@@ -105,11 +105,12 @@ def finalize(request: HookRequest, now: Callable[[], datetime] = lambda: datetim
     if not request.children:
         return {"status": {"state": "terminating", "message": "all children deleted"}, "children": [], "finalized": True}
 
+    moment = now()
     if by_stage["ingress"]:
         kept, message = by_stage["workers"] + by_stage["plane"], f"stopping traffic: removing {len(by_stage['ingress'])} ingress objects"
     elif by_stage["workers"]:
         kept, message = by_stage["plane"], f"draining {len(by_stage['workers'])} worker pools"
-    elif (pods := draining_worker_pods(request, now())) is None and _blind_drain_pending(request, now()):
+    elif (pods := draining_worker_pods(request, moment)) is None and _blind_drain_pending(request, moment):
         # Without pod visibility, wait as long as a worker could take to drain.
         kept, message = by_stage["plane"], "waiting for worker pods to finish draining (their grace period)"
     elif pods:
