@@ -84,6 +84,10 @@ GAIE_NAME_RULE = (
     f"(the Endpoint Picker Service <metadata.name>-epp must fit in {MAX_CHILD_NAME})"
 )
 GAIE_IMAGE_RULE = "gaie.enabled needs an image for the Endpoint Picker and frontend sidecar: set gaie.eppImage or spec.image"
+VLLM_ROLE_RULE = (
+    "a vLLM prefill or decode worker takes its role from kv_role in --kv-transfer-config (vLLM has no "
+    "--disaggregation-mode): pass --kv-transfer-config in its args or its extraPodSpec command"
+)
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -123,11 +127,9 @@ PRIMARY_CONTAINER_NAMES = ("main", "infera")
 
 
 def primary_index(containers: list[dict[str, Any]]) -> int | None:
-    for name in PRIMARY_CONTAINER_NAMES:
-        for index, container in enumerate(containers):
-            if container.get("name") == name:
-                return index
-    return 0 if containers else None
+    """The first container named main or infera, in order of appearance, else the first."""
+    named = (index for index, container in enumerate(containers) if container.get("name") in PRIMARY_CONTAINER_NAMES)
+    return next(named, 0 if containers else None)
 
 
 class SpecError(ValueError):
@@ -241,7 +243,8 @@ class GaieSpec(ApiModel):
     frontend_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_FRONTEND_PORT
     """Port of the frontend sidecar in every worker pod, and the InferencePool's target port."""
     model_name: str | None = None
-    """Served model id, shown by the EPP's /v1/models."""
+    """Informational: the served model id (the Endpoint Picker takes no model name; workers register
+    theirs, e.g. with --served-model-name). Accepted for compatibility with the upstream operator."""
 
 
 class ResourcesSpec(ApiModel):
@@ -323,7 +326,8 @@ class ServiceSpec(ApiModel):
     env: list[EnvVar] | None = None
     """Extra environment variables of this service; they win over spec.envs."""
     skip_readiness_probe: bool = False
-    """Do not inject the /health readiness probe (slow model loads, out-of-band engines)."""
+    """Do not inject the health probes (readiness, and a worker's startup and liveness probes): for
+    engines that do not serve /health on the service port."""
     extra_pod_spec: Annotated[
         dict[str, Any] | None,
         open_object("A full Kubernetes PodSpec used as the base of this service's pods."),
@@ -385,6 +389,14 @@ class InferaDeploymentSpec(ApiModel):
         cel(
             "has(self.image) || self.services.all(s, has(self.services[s].image) || has(self.services[s].extraPodSpec))",
             IMAGE_RULE,
+        ),
+        # Only where the flag cannot be anywhere; the hook reads the command lines themselves
+        # (a CEL look into every args list would exceed the API server's cost budget).
+        cel(
+            "!has(self.backendFramework) || self.backendFramework != 'vllm' || self.services.all(s, "
+            "!has(self.services[s].role) || self.services[s].role == 'mixed' || "
+            "has(self.services[s].args) || has(self.services[s].extraPodSpec))",
+            VLLM_ROLE_RULE,
         ),
     )
 
@@ -482,7 +494,7 @@ class ServiceStatus(ApiModel):
     kind: str
     """Workload kind: Deployment or LeaderWorkerSet."""
     replicas: int
-    """Desired replicas (pods, or groups for a LeaderWorkerSet)."""
+    """Replicas the workload has now (pods, or groups for a LeaderWorkerSet), from its status."""
     ready_replicas: int
     """Ready replicas (pods, or groups for a LeaderWorkerSet)."""
 

@@ -68,17 +68,16 @@ def _current_ready(workload: dict | None) -> int:
 
 
 def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, dict]:
-    """Each service's workload kind and counts as the workload reports them."""
+    """Each service's workload kind and counts as the workload reports them: the replicas it has
+    now, not the ones asked for (the router's scaling API reads them as the current count)."""
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
         workload = _workload(idep, service, by_key)
-        if workload is None:
-            statuses[service] = {"kind": workload_kind(svc), "replicas": svc.replicas, "readyReplicas": 0}
-            continue
+        reported = (workload or {}).get("status") or {}
         statuses[service] = {
-            "kind": workload["kind"],
-            "replicas": _as_int((workload.get("spec") or {}).get("replicas", svc.replicas)),
-            "readyReplicas": _as_int((workload.get("status") or {}).get("readyReplicas")),
+            "kind": workload["kind"] if workload else workload_kind(svc),
+            "replicas": _as_int(reported.get("replicas")),
+            "readyReplicas": _as_int(reported.get("readyReplicas")),
         }
     return statuses
 

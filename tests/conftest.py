@@ -192,6 +192,24 @@ def request_body(
     }
 
 
+def vllm_worker_args(role: str) -> list[str]:
+    """What a vLLM worker needs from its args: the model and, for PD, the kv_role of its role."""
+    args = ["--model", "Qwen/Qwen3-0.6B", "--tensor-parallel-size", "1"]
+    kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}.get(role)
+    if kv_role:
+        args += ["--kv-transfer-config", json.dumps({"kv_connector": "MooncakeConnector", "kv_role": kv_role})]
+    return args
+
+
+def as_vllm(obj: dict[str, Any]) -> dict[str, Any]:
+    """The same graph on vLLM: the backend, and vLLM's own args for every worker."""
+    obj["spec"]["backendFramework"] = "vllm"
+    for svc in obj["spec"]["services"].values():
+        if svc["componentType"] == "worker":
+            svc["args"] = vllm_worker_args(svc.get("role", "mixed"))
+    return obj
+
+
 @dataclass
 class Reply:
     status: int

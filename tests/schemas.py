@@ -6,6 +6,7 @@ real API server would silently prune, so a typo in an emitted object fails a tes
 vanishing on the cluster.
 """
 
+import json
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,12 @@ def _crds_in(directory: str) -> dict[tuple[str, str], Any]:
                 schema = strict_json_schema(version["schema"]["openAPIV3Schema"])
                 validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft7Validator(schema)
     return validators
+
+
+def definition(name: str, version: str) -> dict[str, Any]:
+    """One type's JSON schema as kubernetes-validate ships it, e.g. podspec-v1."""
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{version}-local-strict"
+    return json.loads((root / f"{name}.json").read_text())
 
 
 def validate(obj: dict[str, Any], crd_dirs: list[Path]) -> None:

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 14
+    assert len(rules) == 15
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -100,6 +100,11 @@ def gaie_with_long_name(obj: dict) -> None:
     obj["spec"]["services"] = {"a": {"componentType": "worker"}, "b": {"componentType": "server"}}
 
 
+def vllm_prefill_without_args(obj: dict) -> None:
+    obj["spec"]["backendFramework"] = "vllm"
+    del obj["spec"]["services"]["prefill"]["args"]
+
+
 CASES = [
     ("etcd without endpoint", spec_change(discoveryBackend="etcd"), api.ETCD_ENDPOINT_RULE),
     ("gaie without image", gaie_without_image, api.GAIE_IMAGE_RULE),
@@ -119,6 +124,7 @@ CASES = [
     ("parent name with upper case", rename("Qwen"), api.PARENT_NAME_RULE),
     ("no image anywhere", lambda obj: obj["spec"].pop("image"), api.IMAGE_RULE),
     ("nats name over 52", rename("n" * 48), api.NATS_NAME_RULE),
+    ("vLLM prefill without a kv role", vllm_prefill_without_args, api.VLLM_ROLE_RULE),
 ]
 
 

@@ -33,7 +33,8 @@ FULL_WORKER = {
         {
             "name": "main",
             "image": "vendor/sglang:v1",
-            "command": ["python3", "-m", "infera.engine.sglang", "--port", "30000", "--model-path", "/models/q"],
+            "command": ["python3", "-m", "infera.engine.sglang", "--port", "30000", "--model-path", "/models/q",
+                        "--disaggregation-mode", "decode"],
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "SGLANG_USE_AITER", "value": 1},
@@ -71,11 +72,11 @@ def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
     assert main["env"][1] == {"name": "SGLANG_USE_AITER", "value": "1"} and main["env"][2] == {"name": "EMPTY"}
     # Operator additions the template leaves out.
     assert main["ports"] == [{"name": "http", "containerPort": 30000, "protocol": "TCP"}]
-    assert main["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert main["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
+    assert [main[probe]["httpGet"]["path"] for probe in ("startupProbe", "livenessProbe", "readinessProbe")] == ["/health"] * 3
+    assert main["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "15"]}}}
     assert main["securityContext"] == user["securityContext"]
     assert spec["serviceAccountName"] == "qwen-pd-disc"
-    assert spec["terminationGracePeriodSeconds"] == 60  # raised to cover the drain, never lowered
+    assert spec["terminationGracePeriodSeconds"] == 120  # raised to cover the drain, never lowered
     # The template's pod-level fields and volumes; /dev/shm from the flat sharedMemory is kept.
     for field in ("hostNetwork", "dnsPolicy", "imagePullSecrets", "nodeSelector"):
         assert spec[field] == FULL_WORKER[field]
@@ -107,7 +108,7 @@ def test_template_wins_on_clashes(hooks) -> None:
     assert spec["terminationGracePeriodSeconds"] == 900
     extra["terminationGracePeriodSeconds"] = 60
     spec = pod(hooks.sync(pd_with("decode", extra)), "qwen-pd-decode")["spec"]
-    assert spec["terminationGracePeriodSeconds"] == 630  # the template's 600 s drain needs more
+    assert spec["terminationGracePeriodSeconds"] == 665  # the template's 600 s drain needs more
 
 
 def test_template_port_names_handlers_and_gpu_counts(hooks) -> None:
@@ -169,12 +170,36 @@ def test_primary_is_main_or_infera_else_first(hooks) -> None:
         ({"volumes": [1]}, "services.prefill.extraPodSpec.volumes must be a list of objects"),
         ({"containers": [{"name": "main", "resources": {"limits": {"memory": "lots"}}}]},
          "services.prefill.extraPodSpec.containers[0].resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+        # The API server would drop an unknown field, and Metacontroller re-apply it on every sync.
+        ({"nodeSelecter": {"a": "b"}, "": 1},
+         "services.prefill.extraPodSpec: '', 'nodeSelecter' are not fields of a Kubernetes PodSpec"),
+        ({"containers": [{"name": "main", "imagePullPolcy": "Always"}]},
+         "services.prefill.extraPodSpec.containers[0]: 'imagePullPolcy' is not a field of a Kubernetes Container"),
+        ({"containers": [{"image": "x"}, {"image": "sidecar"}]}, "services.prefill.extraPodSpec.containers[1] needs a name"),
+        ({"initContainers": [{"image": "x"}]}, "services.prefill.extraPodSpec.initContainers[0] needs a name"),
+        ({"volumes": [{"emptyDir": {}}]}, "services.prefill.extraPodSpec.volumes[0] needs a name"),
     ],
 )
 def test_malformed_templates_fail_and_keep_children(hooks, extra: dict, message: str) -> None:
     status = hooks.sync(pd_with("prefill", extra))["status"]
     assert status["state"] == "failed"
     assert status["message"].startswith(message), status["message"]
+
+
+def test_template_fields_are_kubernetes_1_33s() -> None:
+    from hooks.renderers.overlay import CONTAINER_FIELDS, POD_FIELDS
+    from tests.schemas import KUBERNETES_VERSION, definition
+
+    assert POD_FIELDS == set(definition("podspec-v1", KUBERNETES_VERSION)["properties"])
+    assert CONTAINER_FIELDS == set(definition("container-v1", KUBERNETES_VERSION)["properties"])
+
+
+def test_null_template_fields_are_absent_fields(hooks) -> None:
+    """As the API server stores them, so nothing is re-applied."""
+    extra = {"hostNetwork": None, "containers": [{"name": "main", "workingDir": None, "image": "vendor/x:v1"}]}
+    spec = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]
+    assert "hostNetwork" not in spec and "workingDir" not in spec["containers"][0]
+    assert spec["containers"][0]["name"] == "main" and spec["containers"][0]["image"] == "vendor/x:v1"
 
 
 def test_template_image_satisfies_the_image_rule(hooks) -> None:

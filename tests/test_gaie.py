@@ -13,7 +13,8 @@ WITH_GAIE = controller("gaie")
 WITH_ALL = controller("lws", "gaie")
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway", "modelName": "qwen3"}
 SELECTOR = "infera.amd.com/deployment=qwen-pd"
-NATS = ["--kv-event-transport", "nats", "--nats-server", "nats://qwen-pd-nats:4222"]
+KV_EVENTS = ["--kv-event-transport", "nats", "--nats-server", "nats://qwen-pd-nats:4222"]
+NATS = ["--request-transport", "nats", *KV_EVENTS]
 
 
 def gaie_pd(**gaie: Any) -> dict[str, Any]:
@@ -50,10 +51,11 @@ def test_gaie_objects(hooks) -> None:
     epp = children[("Deployment", "qwen-pd-epp")]
     pod = epp["spec"]["template"]["spec"]
     (container,) = pod["containers"]
+    # gaie.modelName is informational: the picker has no such flag.
     assert container["command"] == [
         "python3", "-m", "infera.gaie", "--grpc-port", "9002", "--grpc-health-port", "9003",
-        "--tokenizer-path", "Qwen/Qwen3-0.6B", "--model-name", "qwen3",
-        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS,
+        "--destination-port", "8000", "--router-tokenizer-path", "Qwen/Qwen3-0.6B",
+        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *KV_EVENTS,
     ]
     assert container["image"] == "rocm/infera:sglang-v0.1.1"
     assert [p["containerPort"] for p in container["ports"]] == [9002, 9003]
@@ -61,7 +63,7 @@ def test_gaie_objects(hooks) -> None:
     assert pod["serviceAccountName"] == "qwen-pd-disc"
     assert epp["spec"]["template"]["metadata"]["labels"]["infera.amd.com/service"] == "epp"
     assert children[("Service", "qwen-pd-epp")]["spec"]["ports"] == [
-        {"name": "grpc-ext-proc", "port": 9002, "targetPort": "grpc-ext-proc", "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}
+        {"name": "grpc-ext-proc", "port": 9002, "targetPort": "grpc-ext-proc", "protocol": "TCP"}  # TLS: no h2c
     ]
     pool = children[("InferencePool", "qwen-pd-pool")]["spec"]
     assert pool == {
@@ -104,7 +106,7 @@ def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
     assert selected == {"qwen-pd-prefill", "qwen-pd-decode/leader"}
     for name, template in pod_templates(answer).items():
         names = [c["name"] for c in template["spec"]["containers"]]
-        assert names == (["main", "frontend"] if name in selected else [names[0]]), name
+        assert names == (["infera", "infera-frontend"] if name in selected else [names[0]]), name
 
 
 def test_frontend_sidecar_and_direct_router(hooks) -> None:
@@ -117,9 +119,11 @@ def test_frontend_sidecar_and_direct_router(hooks) -> None:
     ]
     assert sidecar["ports"] == [{"name": "frontend", "containerPort": 8100, "protocol": "TCP"}]
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": 8100, "scheme": "HTTP"}
-    assert sidecar["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "10"]}}}
+    assert sidecar["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "15"]}}}
     assert "POD_IP" in [v["name"] for v in sidecar["env"]]
     assert by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["targetPorts"] == [{"number": 8100}]
+    epp = by_key(answer)[("Deployment", "qwen-pd-epp")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert epp[epp.index("--destination-port") + 1] == "8100"  # the picker sends the gateway to the pool's port
     (server,) = by_key(answer)[("Deployment", "qwen-pd-server")]["spec"]["template"]["spec"]["containers"]
     assert server["command"][server["command"].index("--router-mode") + 1] == "direct"
 
@@ -182,7 +186,7 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
     ])
     for name in ("qwen-pd-decode", "qwen-pd-prefill"):
         template = mc.children[("Deployment", name)]["spec"]["template"]
-        assert [c["name"] for c in template["spec"]["containers"]] == ["main"]
+        assert [c["name"] for c in template["spec"]["containers"]] == ["infera"]
         assert "infera.amd.com/gaie-frontend" not in template["metadata"]["labels"]
     mc.converge()
     assert mc.sync() == []

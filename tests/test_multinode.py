@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, controller, need_schemas, parent, request_body
+from tests.conftest import REPO, as_vllm, controller, need_schemas, parent, request_body
 from tests.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
@@ -45,22 +45,27 @@ def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
     assert spec["rolloutStrategy"] == {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1}}
     template = spec["leaderWorkerTemplate"]
     assert template["size"] == 2 and template["restartPolicy"] == "RecreateGroupOnPodRestart"
-    assert answer["status"]["services"]["decode"] == {"kind": "LeaderWorkerSet", "replicas": 2, "readyReplicas": 0}
+    # Nothing exists yet: no replica is there, whatever the spec asks.
+    assert answer["status"]["services"]["decode"] == {"kind": "LeaderWorkerSet", "replicas": 0, "readyReplicas": 0}
 
 
 def test_leader_keeps_readiness_and_workers_carry_none(hooks) -> None:
     template = lws_of(sync_lws(hooks, multinode_pd()))["spec"]["leaderWorkerTemplate"]
     (leader,) = template["leaderTemplate"]["spec"]["containers"]
     (worker,) = template["workerTemplate"]["spec"]["containers"]
-    assert leader["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert "readinessProbe" not in worker
-    # Apart from the probe, every rank is the same pod: GPU, memory, shm, env, identity, account.
-    assert {k: v for k, v in leader.items() if k != "readinessProbe"} == worker
+    probes = ("startupProbe", "livenessProbe", "readinessProbe")
+    assert [leader[probe]["httpGet"]["path"] for probe in probes] == ["/health"] * 3
+    assert not set(probes) & set(worker)  # the other ranks restart with their group
+    # Apart from the probes, every rank is the same pod: GPU, memory, shm, env, identity, account.
+    assert {k: v for k, v in leader.items() if k not in probes} == worker
     leader_pod = {k: v for k, v in template["leaderTemplate"]["spec"].items() if k != "containers"}
     worker_pod = {k: v for k, v in template["workerTemplate"]["spec"].items() if k != "containers"}
     assert leader_pod == worker_pod
     assert leader_pod["serviceAccountName"] == "qwen-pd-disc"
-    assert leader_pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}]
+    assert leader_pod["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
+        {"name": "boot-config", "hostPath": {"path": "/boot", "type": "Directory"}},
+    ]
     assert template["leaderTemplate"]["metadata"] == template["workerTemplate"]["metadata"]
     assert template["leaderTemplate"]["metadata"]["labels"]["infera.amd.com/service"] == "decode"
     assert worker["resources"]["limits"] == {"amd.com/gpu": "1"}
@@ -69,7 +74,7 @@ def test_leader_keeps_readiness_and_workers_carry_none(hooks) -> None:
 
 def test_skip_readiness_probe_applies_to_the_leader(hooks) -> None:
     template = lws_of(sync_lws(hooks, multinode_pd(skipReadinessProbe=True)))["spec"]["leaderWorkerTemplate"]
-    assert "readinessProbe" not in template["leaderTemplate"]["spec"]["containers"][0]
+    assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(template["leaderTemplate"]["spec"]["containers"][0])
 
 
 def test_sglang_rendezvous_is_injected(hooks) -> None:
@@ -98,8 +103,7 @@ def test_rendezvous_flags_the_user_sets_are_left_to_them(hooks, user_args: list[
 
 
 def test_vllm_gets_no_rendezvous_flags(hooks) -> None:
-    obj = multinode_pd()
-    obj["spec"]["backendFramework"] = "vllm"
+    obj = as_vllm(multinode_pd())
     (main,) = lws_of(sync_lws(hooks, obj))["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"]
     assert main["command"][2] == "infera.engine.vllm"
     assert not {"--nnodes", "--node-rank", "--dist-init-addr"} & set(main["command"])

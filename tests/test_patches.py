@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, controller, need_schemas, parent, request_body
+from tests.conftest import REPO, as_vllm, controller, need_schemas, parent, request_body
 from tests.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
@@ -45,7 +45,7 @@ def test_patches_give_lws_ranks_their_own_commands(hooks) -> None:
                     "value": ["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"]},
                    {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args"}]},
     )
-    obj["spec"]["backendFramework"] = "vllm"
+    as_vllm(obj)
     obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
     answer = hooks.hook("/sync", request_body(obj, composite=controller("lws")))
     template = child(answer, "LeaderWorkerSet", "qwen-pd-decode")["spec"]["leaderWorkerTemplate"]

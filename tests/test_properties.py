@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, controller, load_yaml, parent, request_body
+from tests.conftest import REPO, controller, load_yaml, parent, request_body, vllm_worker_args
 from tests.simulator import Metacontroller
 
 SETTINGS = settings(
@@ -79,6 +79,15 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     )
     if draw(st.booleans()):
         spec |= {"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}
+    # What the runtime's entry points require (the hook refuses a spec without it).
+    for svc in services.values():
+        if svc["componentType"] == "server":
+            required = ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
+        elif spec.get("backendFramework") == "vllm":
+            required = vllm_worker_args(svc.get("role", "mixed"))
+        else:
+            required = ["--model-path", "Qwen/Qwen3-0.6B"]
+        svc["args"] = required + svc.get("args", [])
     return spec
 
 

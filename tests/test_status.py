@@ -23,10 +23,11 @@ def test_initializing_then_pending_then_ready(hooks) -> None:
         "message": "creating 3 services",
         "readyServices": "0/3",
         "observedGeneration": 1,
+        # What the workloads have, and nothing exists yet.
         "services": {
-            "decode": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
-            "prefill": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
-            "server": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+            "decode": {"kind": "Deployment", "replicas": 0, "readyReplicas": 0},
+            "prefill": {"kind": "Deployment", "replicas": 0, "readyReplicas": 0},
+            "server": {"kind": "Deployment", "replicas": 0, "readyReplicas": 0},
         },
     }
     ready = conditions(status)["Ready"]

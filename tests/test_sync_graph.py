@@ -5,11 +5,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, parent
+from tests.conftest import REPO, as_vllm, parent
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 SELECTOR = "infera.amd.com/deployment=qwen-pd"
 NATS_URL = "nats://qwen-pd-nats:4222"
+NATS_FLAGS = ["--request-transport", "nats", "--kv-event-transport", "nats", "--nats-server", NATS_URL]
+READY_TIMEOUT_ENV = {"name": "INFERA_ENGINE_READY_TIMEOUT", "value": "7200"}
+BOOT_MOUNT = {"name": "boot-config", "mountPath": "/boot", "readOnly": True}
 IDENTITY_ENV = [
     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
@@ -56,7 +59,10 @@ def test_seed_pd_graph_children(hooks) -> None:
         ("StatefulSet", "qwen-pd-nats"),
     ]
     for child in answer["children"]:
-        assert child["metadata"]["labels"] == labels(child["metadata"]["labels"]["infera.amd.com/service"])
+        service = child["metadata"]["labels"]["infera.amd.com/service"]
+        # The broker is labelled as upstream labels it, beside the identity labels.
+        extra = {"infera.amd.com/component": "nats"} if service == "nats" else {}
+        assert child["metadata"]["labels"] == labels(service) | extra
         assert "namespace" not in child["metadata"]  # Metacontroller places children in the parent's
 
 
@@ -74,39 +80,56 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
                 "metadata": {"labels": {**labels("prefill"), "infera.amd.com/component": "worker"}},
                 "spec": {
                     "serviceAccountName": "qwen-pd-disc",
-                    "terminationGracePeriodSeconds": 60,
+                    "terminationGracePeriodSeconds": 120,
                     "containers": [
                         {
-                            "name": "main",
+                            "name": "infera",
                             "image": "rocm/infera:sglang-v0.1.1",
+                            # No selector for a worker: it registers by patching its own Pod.
                             "command": [
                                 "python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "30000",
-                                "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR,
-                                "--disaggregation-mode", "prefill",
-                                "--kv-event-transport", "nats", "--nats-server", NATS_URL,
+                                "--discovery-backend", "kubernetes", "--disaggregation-mode", "prefill", *NATS_FLAGS,
                             ],
                             "args": [
                                 "--model-path", "Qwen/Qwen3-0.6B", "--tp-size", "1", "--trust-remote-code",
                                 "--disaggregation-transfer-backend", "mori",
                             ],
                             "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
-                            "env": [{"name": "NATS_SERVER", "value": NATS_URL}, *IDENTITY_ENV],
+                            "env": [{"name": "NATS_SERVER", "value": NATS_URL}, *IDENTITY_ENV, READY_TIMEOUT_ENV],
                             "resources": {
                                 "requests": {"memory": "64Gi", "amd.com/gpu": "1"},
                                 "limits": {"amd.com/gpu": "1"},
                             },
-                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, BOOT_MOUNT],
+                            "startupProbe": {
+                                "httpGet": {"path": "/health", "port": 30000, "scheme": "HTTP"},
+                                "successThreshold": 1,
+                                "periodSeconds": 10,
+                                "timeoutSeconds": 10,
+                                "failureThreshold": 750,  # (7200 s of model load + 300 s) / 10 s
+                            },
+                            "livenessProbe": {
+                                "httpGet": {"path": "/health", "port": 30000, "scheme": "HTTP"},
+                                "successThreshold": 1,
+                                "periodSeconds": 20,
+                                "timeoutSeconds": 10,
+                                "failureThreshold": 9,
+                            },
                             "readinessProbe": {
                                 "httpGet": {"path": "/health", "port": 30000, "scheme": "HTTP"},
-                                "failureThreshold": 3,
-                                "periodSeconds": 10,
                                 "successThreshold": 1,
+                                "initialDelaySeconds": 15,
+                                "periodSeconds": 15,
                                 "timeoutSeconds": 10,
+                                "failureThreshold": 6,
                             },
-                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+                            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "15"]}}},
                         }
                     ],
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}],
+                    "volumes": [
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
+                        {"name": "boot-config", "hostPath": {"path": "/boot", "type": "Directory"}},
+                    ],
                 },
             },
         },
@@ -127,8 +150,7 @@ def test_server_deployment_and_service(hooks) -> None:
     (main,) = pod["containers"]
     assert main["command"] == [
         "python3", "-m", "infera.server", "--host", "0.0.0.0", "--port", "8000",
-        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR,
-        "--kv-event-transport", "nats", "--nats-server", NATS_URL,
+        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS_FLAGS,
     ]
     assert main["args"] == ["--router-policy", "kv-aware", "--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
     assert main["env"] == [
@@ -137,7 +159,12 @@ def test_server_deployment_and_service(hooks) -> None:
         {"name": "INFERA_K8S_LABEL_SELECTOR", "value": SELECTOR},
     ]
     assert main["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}}
-    assert "readinessProbe" not in main and "lifecycle" not in main and "volumeMounts" not in main
+    # Ready once it serves HTTP; no GPU, no /boot, no drain.
+    assert main["readinessProbe"] == {
+        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+        "successThreshold": 1, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3,
+    }
+    assert not {"startupProbe", "livenessProbe", "lifecycle", "volumeMounts"} & set(main)
     assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"] == {
         "type": "ClusterIP",
         "selector": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/service": "server"},
@@ -189,11 +216,17 @@ def test_etcd_discovery(hooks) -> None:
     answer = hooks.sync(pd_parent(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"))
     kinds = {kind for kind, _ in children_by_key(answer)}
     assert kinds == {"Deployment", "Service", "StatefulSet"}  # no RBAC objects
+    etcd = ["--discovery-backend", "etcd", "--etcd-endpoint", "etcd.infra:2379"]
+    # Workers advertise their Pod IP (kubelet expands it): the runtime reads POD_IP only under
+    # Kubernetes discovery and would register 0.0.0.0.
+    assert container(answer, "qwen-pd-server")["command"][7:13] == [*etcd, "--request-transport", "nats"]
+    for name in ("qwen-pd-prefill", "qwen-pd-decode"):
+        assert container(answer, name)["command"][7:13] == [*etcd, "--advertise-host", "$(POD_IP)"]
     for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
         main = container(answer, name)
-        assert main["command"][7:9] == ["--etcd-endpoint", "etcd.infra:2379"]
-        assert "--discovery-backend" not in main["command"]
-        assert [v["name"] for v in main["env"]] == ["NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
+        assert "--k8s-label-selector" not in main["command"]
+        assert [v["name"] for v in main["env"]][:4] == ["NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
+        assert "INFERA_K8S_LABEL_SELECTOR" not in [v["name"] for v in main["env"]]
         pod = children_by_key(answer)[("Deployment", name)]["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == "default"  # never dropped: see pods.pod_template
 
@@ -203,14 +236,59 @@ def test_nats_off(hooks) -> None:
     assert not [key for key in children_by_key(answer) if key[1] == "qwen-pd-nats"]
     for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
         main = container(answer, name)
-        assert "--kv-event-transport" not in main["command"] and "--nats-server" not in main["command"]
+        # Said explicitly: told nothing, every process would retry nats://127.0.0.1:4222 forever.
+        flags = main["command"][main["command"].index("--request-transport") :]
+        assert flags[:4] == ["--request-transport", "http", "--kv-event-transport", "zmq"]
+        assert "--nats-server" not in main["command"]
         assert "NATS_SERVER" not in [v["name"] for v in main["env"]]
 
 
 def test_vllm_backend(hooks) -> None:
-    answer = hooks.sync(pd_parent(backendFramework="vllm"))
-    assert container(answer, "qwen-pd-prefill")["command"][:3] == ["python3", "-m", "infera.engine.vllm"]
+    answer = hooks.sync(as_vllm(pd_parent()))
+    prefill = container(answer, "qwen-pd-prefill")["command"]
+    assert prefill[:3] == ["python3", "-m", "infera.engine.vllm"]
+    assert "--disaggregation-mode" not in prefill  # vLLM has none: the role is kv_role
     assert container(answer, "qwen-pd-server")["command"][:3] == ["python3", "-m", "infera.server"]
+
+
+@pytest.mark.parametrize(
+    ("role", "args", "message"),
+    [
+        ("prefill", ["--model", "m"], "services.decode: a vLLM prefill or decode worker takes its role from kv_role"),
+        ("prefill", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_consumer"}'],
+         "services.decode: --kv-transfer-config has kv_role 'kv_consumer', which does not make a prefill worker: "
+         "set kv_role to kv_producer or kv_both"),
+        ("decode", ["--model", "m", "--kv-transfer-config={\"kv_connector\":\"NixlConnector\"}"],
+         "services.decode: --kv-transfer-config has no kv_role, which does not make a decode worker"),
+        ("decode", ["--model", "m", "--kv-transfer-config", "kv_role=kv_consumer"],
+         "services.decode: --kv-transfer-config must be a JSON object, got 'kv_role=kv_consumer'"),
+        ("mixed", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_producer"}'],
+         "does not make a mixed worker: set kv_role to kv_both"),
+        ("decode", ["--kv-transfer-config", '{"kv_role":"kv_both"}'], "services.decode: infera.engine.vllm requires --model"),
+    ],
+)
+def test_vllm_role_comes_from_kv_role(hooks, role: str, args: list[str], message: str) -> None:
+    obj = as_vllm(pd_parent())
+    obj["spec"]["services"]["decode"].update(role=role, args=args)
+    obj["spec"]["services"]["prefill"]["replicas"] = 0  # still validated
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed" and message in status["message"], status["message"]
+
+
+def test_sglang_role_must_not_be_contradicted(hooks) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["decode"]["args"] += ["--disaggregation-mode", "prefill"]
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed"
+    assert "services.decode: --disaggregation-mode prefill contradicts role decode" in status["message"]
+
+
+def test_server_needs_a_tokenizer(hooks) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["server"]["args"] = ["--router-policy", "round-robin"]
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed"
+    assert "services.server: infera.server requires --router-tokenizer-path" in status["message"]
 
 
 def test_custom_ports_gpu_type_and_images(hooks) -> None:
@@ -233,7 +311,7 @@ def test_custom_ports_gpu_type_and_images(hooks) -> None:
         "requests": {"cpu": "16", "memory": "1Ti", "nvidia.com/gpu": "8"},
         "limits": {"nvidia.com/gpu": "8"},
     }
-    assert "volumeMounts" not in main
+    assert main["volumeMounts"] == [BOOT_MOUNT]
     assert children_by_key(answer)[("Deployment", "qwen-pd-decode")]["spec"]["replicas"] == 3
 
 
@@ -249,17 +327,20 @@ def test_envs_precedence_and_no_empty_values(hooks) -> None:
         IDENTITY_ENV[0],
         IDENTITY_ENV[1],
         {"name": "POD_IP", "value": "10.0.0.1"},
+        READY_TIMEOUT_ENV,
     ]
 
 
 @pytest.mark.parametrize(
     ("args", "env", "grace"),
     [
-        ([], [], 60),
-        (["--drain-timeout", "300"], [], 330),
-        (["--drain-timeout=45.5"], [], 76),
-        ([], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 150),
-        (["--drain-timeout", "10"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 40),
+        ([], [], 120),  # 15 s preStop + 30 s default drain + 50 s teardown is under the floor
+        (["--drain-timeout", "300"], [], 365),
+        (["--drain-timeout=100.5"], [], 166),  # rounded up
+        ([], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 185),
+        (["--drain-timeout", "200"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 265),  # the flag wins
+        (["--drain-timeout", "1e9"], [], 3665),  # clamped to an hour
+        (["--drain-timeout", "$(DRAIN)"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}], 155),  # unknowable here
     ],
 )
 def test_grace_period_covers_the_drain(hooks, args: list[str], env: list[dict], grace: int) -> None:
@@ -272,9 +353,20 @@ def test_grace_period_covers_the_drain(hooks, args: list[str], env: list[dict], 
 def test_skip_readiness_probe(hooks) -> None:
     obj = pd_parent()
     obj["spec"]["services"]["decode"]["skipReadinessProbe"] = True
+    obj["spec"]["services"]["server"]["skipReadinessProbe"] = True
     answer = hooks.sync(obj)
-    assert "readinessProbe" not in container(answer, "qwen-pd-decode")
-    assert "readinessProbe" in container(answer, "qwen-pd-prefill")
+    probes = {"startupProbe", "livenessProbe", "readinessProbe"}
+    assert not probes & set(container(answer, "qwen-pd-decode"))
+    assert not probes & set(container(answer, "qwen-pd-server"))
+    assert probes <= set(container(answer, "qwen-pd-prefill"))
+
+
+def test_startup_budget_follows_the_wrappers_model_load_timeout(hooks) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["decode"]["env"] = [{"name": "INFERA_ENGINE_READY_TIMEOUT", "value": "14400"}]
+    main = container(hooks.sync(obj), "qwen-pd-decode")
+    assert main["startupProbe"]["failureThreshold"] == 1470  # (14400 + 300) / 10: never under the wrapper's wait
+    assert {"name": "INFERA_ENGINE_READY_TIMEOUT", "value": "14400"} in main["env"]
 
 
 def test_pod_metadata_propagation(hooks) -> None:

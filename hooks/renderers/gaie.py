@@ -1,6 +1,7 @@
 """The Inference Gateway front door: Endpoint Picker (Deployment + Service), InferencePool and
 HTTPRoute. The frontend sidecar it routes to lives in the worker pods (pods.frontend_sidecar)."""
 
+from hooks import runtime
 from hooks.api import InferaDeployment
 from hooks.renderers import discovery
 from hooks.renderers.common import (
@@ -12,14 +13,11 @@ from hooks.renderers.common import (
     object_metadata,
     selector_labels,
 )
-from hooks.renderers.pods import discovery_flags, gaie_image, operator_env, transport_flags
+from hooks.renderers.pods import gaie_image
+from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
 
-EXT_PROC_PORT = 9002
-HEALTH_PORT = 9003
 POOL_API_VERSION = "inference.networking.k8s.io/v1"
 ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
-# The GAIE Endpoint Picker protocol's gRPC health service name.
-HEALTH_SERVICE = "inference-extension"
 
 
 def pool_name(idep: InferaDeployment) -> str:
@@ -30,32 +28,17 @@ def route_name(idep: InferaDeployment) -> str:
     return child_name(idep, "route")
 
 
-def epp_command(idep: InferaDeployment) -> list[str]:
-    gaie = idep.spec.gaie
-    command = ["python3", "-m", "infera.gaie", "--grpc-port", str(EXT_PROC_PORT), "--grpc-health-port", str(HEALTH_PORT)]
-    command += ["--tokenizer-path", gaie.tokenizer_path or ""]
-    if gaie.model_name:
-        command += ["--model-name", gaie.model_name]
-    return command + discovery_flags(idep) + transport_flags(idep)
-
-
 def epp_deployment(idep: InferaDeployment) -> dict:
     container = {
         "name": "epp",
         "image": gaie_image(idep),
-        "command": epp_command(idep),
+        "command": runtime.epp_command(idep),
         "ports": [
-            {"name": "grpc-ext-proc", "containerPort": EXT_PROC_PORT, "protocol": "TCP"},
-            {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+            {"name": "grpc-ext-proc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
         ],
-        "env": operator_env(idep, router=True),
-        "readinessProbe": {
-            "grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE},
-            "failureThreshold": 3,
-            "periodSeconds": 10,
-            "successThreshold": 1,
-            "timeoutSeconds": 5,
-        },
+        "env": runtime.operator_env(idep, Process.EPP),
+        "readinessProbe": runtime.epp_readiness(),
     }
     return {
         "apiVersion": "apps/v1",
@@ -83,11 +66,9 @@ def epp_service(idep: InferaDeployment) -> dict:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(idep, EPP_SUFFIX),
-            # The gateway speaks gRPC (HTTP/2 without TLS) to the ext-proc port.
-            "ports": [
-                {"name": "grpc-ext-proc", "port": EXT_PROC_PORT, "targetPort": "grpc-ext-proc",
-                 "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
-            ],
+            # No appProtocol: the picker serves gRPC over TLS (a self-signed certificate, its
+            # default), which Inference Gateways dial with verification off; h2c would be a lie.
+            "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc-ext-proc", "protocol": "TCP"}],
         },
     }
 
@@ -104,7 +85,7 @@ def inference_pool(idep: InferaDeployment) -> dict:
             "endpointPickerRef": {
                 "kind": "Service",
                 "name": child_name(idep, EPP_SUFFIX),
-                "port": {"number": EXT_PROC_PORT},
+                "port": {"number": EPP_GRPC_PORT},
             },
         },
     }

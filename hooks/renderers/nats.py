@@ -1,7 +1,7 @@
 """The managed NATS JetStream broker: a one-pod StatefulSet and its headless Service."""
 
 from hooks.api import InferaDeployment
-from hooks.renderers.common import NATS_SUFFIX, child_name, object_metadata, selector_labels
+from hooks.renderers.common import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
 
 CLIENT_PORT = 4222
 MONITOR_PORT = 8222
@@ -21,6 +21,9 @@ def render(idep: InferaDeployment) -> list[dict]:
         return []
     nats = idep.spec.nats
     name = child_name(idep, NATS_SUFFIX)
+    # As the upstream operator labels its broker (never in the selector: that is immutable).
+    metadata = object_metadata(idep, NATS_SUFFIX)
+    metadata["labels"][COMPONENT_LABEL] = "nats"
     claim_spec: dict = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": nats.storage_size}},
@@ -55,7 +58,7 @@ def render(idep: InferaDeployment) -> list[dict]:
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": object_metadata(idep, NATS_SUFFIX),
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
             "serviceName": name,
@@ -67,7 +70,7 @@ def render(idep: InferaDeployment) -> list[dict]:
             },
             "selector": {"matchLabels": selector_labels(idep, NATS_SUFFIX)},
             "template": {
-                "metadata": {"labels": object_metadata(idep, NATS_SUFFIX)["labels"]},
+                "metadata": {"labels": dict(metadata["labels"])},
                 "spec": {"containers": [container]},
             },
             # Written as the API server stores it: Metacontroller replaces this list wholesale,
@@ -87,7 +90,7 @@ def render(idep: InferaDeployment) -> list[dict]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": object_metadata(idep, NATS_SUFFIX),
+        "metadata": {"name": name, "labels": dict(metadata["labels"])},
         "spec": {
             # Headless: the StatefulSet's governing Service; clients resolve straight to the pod.
             "clusterIP": "None",

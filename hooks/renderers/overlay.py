@@ -12,9 +12,10 @@ fields. The primary container is the one named `main` or `infera`, else the firs
 | primary container fields (command, args, image, probes, ...) | the template's where set |
 | its env, volumeMounts, ports | merged by name, mountPath, containerPort; the template wins |
 | its resources, securityContext | merged key by key; the template wins (an extended resource such as a GPU gets one value for request and limit) |
-| its lifecycle | merged by handler (postStart, preStop); the template's handler replaces the operator's |
 | serviceAccountName | the template's, else the discovery account |
-| terminationGracePeriodSeconds | the larger of the template's and the drain-sized one |
+
+The worker's probes, preStop delay and grace period are then added where the result lacks them
+(pods.pod_template), so a template's own always wins.
 """
 
 import copy
@@ -25,6 +26,60 @@ from hooks.quantity import canonical_quantity
 
 # Merged key by key rather than replaced (a probe is replaced whole: mixing handlers is invalid).
 DEEP_MERGED = ("resources", "securityContext")
+
+# The fields of PodSpec and Container in Kubernetes 1.33. The API server drops a field it does not
+# know, so Metacontroller would re-apply it on every sync: such a template is refused instead
+# (a field of a newer release can still be set with spec.patches).
+POD_FIELDS = frozenset({
+    "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers", "dnsConfig", "dnsPolicy",
+    "enableServiceLinks", "ephemeralContainers", "hostAliases", "hostIPC", "hostNetwork", "hostPID", "hostUsers",
+    "hostname", "imagePullSecrets", "initContainers", "nodeName", "nodeSelector", "os", "overhead",
+    "preemptionPolicy", "priority", "priorityClassName", "readinessGates", "resourceClaims", "resources",
+    "restartPolicy", "runtimeClassName", "schedulerName", "schedulingGates", "securityContext", "serviceAccount",
+    "serviceAccountName", "setHostnameAsFQDN", "shareProcessNamespace", "subdomain",
+    "terminationGracePeriodSeconds", "tolerations", "topologySpreadConstraints", "volumes",
+})
+CONTAINER_FIELDS = frozenset({
+    "args", "command", "env", "envFrom", "image", "imagePullPolicy", "lifecycle", "livenessProbe", "name", "ports",
+    "readinessProbe", "resizePolicy", "resources", "restartPolicy", "securityContext", "startupProbe", "stdin",
+    "stdinOnce", "terminationMessagePath", "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts",
+    "workingDir",
+})
+
+
+def _known_fields(obj: dict, fields: frozenset[str], kind: str, where: str) -> dict:
+    """`obj` without null fields (the API server stores them as absent), refusing unknown ones."""
+    unknown = sorted(key for key in obj if key not in fields)
+    if unknown:
+        raise SpecError(
+            f"{where}: {', '.join(map(repr, unknown))} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
+            f"of a Kubernetes {kind} (as of 1.33; set a newer field with spec.patches)"
+        )
+    return {key: value for key, value in obj.items() if value is not None}
+
+
+def _named(items: list[dict], where: str, unnamed: int | None = None) -> list[dict]:
+    """Every item has a name (but the one at `unnamed`, which may take the operator's)."""
+    for index, item in enumerate(items):
+        if index != unnamed and (not isinstance(item.get("name"), str) or not item["name"]):
+            raise SpecError(f"{where}[{index}] needs a name")
+    return items
+
+
+def checked_template(extra: dict, where: str) -> dict:
+    """The template's pod and container fields as the API server would keep them."""
+    template = _known_fields(extra, POD_FIELDS, "PodSpec", where)
+    for kind in ("containers", "initContainers"):
+        if kind in template:
+            containers = _objects(template[kind], f"{where}.{kind}")
+            _named(containers, f"{where}.{kind}", primary_index(containers) if kind == "containers" else None)
+            template[kind] = [
+                _known_fields(container, CONTAINER_FIELDS, "Container", f"{where}.{kind}[{index}]")
+                for index, container in enumerate(containers)
+            ]
+    if "volumes" in template:
+        _named(_objects(template["volumes"], f"{where}.volumes"), f"{where}.volumes")
+    return template
 
 
 def _deep_merge(base: Any, top: Any) -> Any:
@@ -58,9 +113,6 @@ def _merge_container(operator: dict, template: dict, where: str) -> dict:
             merged[key] = _merge_list(operator.get(key, []), _objects(value, f"{where}.ports"), "containerPort", "name")
         elif key in DEEP_MERGED:
             merged[key] = _deep_merge(operator.get(key), value)
-        elif key == "lifecycle" and isinstance(value, dict):
-            # One handler per hook: the template's preStop replaces the operator's whole.
-            merged[key] = {**operator.get(key, {}), **copy.deepcopy(value)}
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -79,6 +131,7 @@ def _one_value_per_extended_resource(resources: dict, template: dict) -> None:
 
 def overlay(operator: dict, extra: dict, where: str) -> dict:
     """`operator`'s pod spec with the user's `extra` pod spec laid over it."""
+    extra = checked_template(extra, where)
     spec = {**copy.deepcopy(operator), **{k: copy.deepcopy(v) for k, v in extra.items() if k not in ("containers", "volumes")}}
 
     template_containers = _objects(extra.get("containers"), f"{where}.containers")

@@ -1,0 +1,400 @@
+"""The runtime contract: what every process of the graph is started with, and why.
+
+The pods run the Infera runtime (AMD-AGI/Infera 5890f7f, the `rocm/infera` v0.1.1–v0.2.10
+images). Each flag and variable here is read by one of its entry points, and only by the ones it
+is given to: the worker wrappers hand every flag they do not know to the engine's strict parser,
+so one flag too many crash-loops a GPU pod (exit 2, "unrecognized arguments").
+
+| process | module | what it needs from the operator |
+|---|---|---|
+| server | `infera.server` | where workers register (selector or etcd), the KV-event and request transports |
+| worker | `infera.engine.<backend>` | where to register and the address to advertise, the transports, its role (SGLang) |
+| frontend | `infera.server --router-mode direct` | as the server; it sits beside a GAIE worker |
+| epp | `infera.gaie` | as a router, plus the tokenizer and the pool's port it sends the gateway to |
+
+Every entry point defaults to Kubernetes discovery and to NATS on 127.0.0.1, so both are always
+spelled out: etcd discovery needs `--discovery-backend etcd`, and without the managed broker a
+process told nothing would retry 127.0.0.1:4222 forever instead of serving.
+"""
+
+import json
+import math
+import re
+import shlex
+from enum import StrEnum
+from typing import Any
+
+from hooks.api import VLLM_ROLE_RULE, InferaDeployment, ServiceSpec, SpecError
+from hooks.renderers import discovery, nats
+
+
+class Process(StrEnum):
+    SERVER = "server"
+    WORKER = "worker"
+    FRONTEND = "frontend"
+    EPP = "epp"
+
+
+SERVER_MODULE = "infera.server"
+EPP_MODULE = "infera.gaie"
+WORKER_MODULES = {"sglang": "infera.engine.sglang", "vllm": "infera.engine.vllm"}
+# Processes that watch the workers: they take the label selector; a worker does not.
+ROUTERS = (Process.SERVER, Process.FRONTEND, Process.EPP)
+
+# The Endpoint Picker's ext-proc and gRPC health ports (its own defaults, stated explicitly).
+EPP_GRPC_PORT = 9002
+EPP_HEALTH_PORT = 9003
+
+# torch.distributed rendezvous port on the group leader of a multi-node (LeaderWorkerSet) pool.
+DIST_INIT_PORT = 5000
+
+# Seconds between the pod being marked terminating and SIGTERM: the router drops a worker the
+# moment its Pod carries a deletionTimestamp, so requests stop arriving before the drain begins.
+PRESTOP_SECONDS = 15
+# The worker's own --drain-timeout default.
+DEFAULT_DRAIN_SECONDS = 30
+# A drain beyond an hour is a typo, and it becomes a grace period only `--force` can cut short.
+MAX_DRAIN_SECONDS = 3600
+# After the drain: stopping the KV plane and engine.stop(), which waits up to 30 s for the
+# engine's process group before SIGKILL, plus the 10 s deregistration call.
+TEARDOWN_SECONDS = 50
+# Short drains still leave room for a slow engine exit.
+MIN_GRACE_SECONDS = 120
+
+# A cold start of a large model is weight loading, bounded by storage: minutes from local NVMe,
+# over an hour from a shared filesystem. The wrapper gives up after INFERA_ENGINE_READY_TIMEOUT
+# (its default, 1800 s, is too short for that), so the operator raises it to this budget and
+# sizes the startup probe to outlast it.
+READY_TIMEOUT_ENV = "INFERA_ENGINE_READY_TIMEOUT"
+MODEL_LOAD_SECONDS = 7200
+# The wrapper's own start (imports, preflight, spawning the engine) before its clock runs.
+STARTUP_SLACK_SECONDS = 300
+STARTUP_PERIOD_SECONDS = 10
+
+DRAIN_ENV = "INFERA_DRAIN_TIMEOUT"
+SELECTOR_ENV = "INFERA_K8S_LABEL_SELECTOR"
+NATS_ENV = "NATS_SERVER"
+
+# vLLM has no --disaggregation-mode: the worker takes its role from kv_role.
+KV_ROLES = {
+    "mixed": ("kv_both",),
+    "prefill": ("kv_producer", "kv_both"),
+    "decode": ("kv_consumer", "kv_both"),
+}
+KV_ROLE_EXAMPLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def worker_module(idep: InferaDeployment) -> str:
+    return WORKER_MODULES[idep.spec.backend_framework]
+
+
+def discovery_flags(idep: InferaDeployment, process: Process) -> list[str]:
+    """Where workers register and routers look for them. A worker registers by patching its own
+    Pod (it has no use for a selector) or in etcd, where it must advertise its Pod IP: the
+    wrappers use POD_IP only under Kubernetes discovery and would otherwise publish 0.0.0.0."""
+    if idep.spec.discovery_backend == "etcd":
+        flags = ["--discovery-backend", "etcd", "--etcd-endpoint", idep.spec.etcd_endpoint or ""]
+        return flags + (["--advertise-host", "$(POD_IP)"] if process == Process.WORKER else [])
+    flags = ["--discovery-backend", "kubernetes"]
+    return flags + (["--k8s-label-selector", discovery.label_selector(idep)] if process in ROUTERS else [])
+
+
+def transport_flags(idep: InferaDeployment, process: Process) -> list[str]:
+    """The managed broker carries both requests and KV events; without it, requests go over
+    HTTP and KV events over each worker's ZMQ socket. The EPP only reads KV events."""
+    url = nats.client_url(idep)
+    kv_events = ["--kv-event-transport", "nats", "--nats-server", url] if url else ["--kv-event-transport", "zmq"]
+    if process == Process.EPP:
+        return kv_events
+    return ["--request-transport", "nats" if url else "http"] + kv_events
+
+
+def role_flags(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
+    """SGLang's own --disaggregation-mode; vLLM's role is the kv_role the user configures."""
+    if svc.role == "mixed" or idep.spec.backend_framework != "sglang":
+        return []
+    return ["--disaggregation-mode", svc.role]
+
+
+def rendezvous_flags(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
+    """How the ranks of a multi-node SGLang group find each other.
+
+    The LeaderWorkerSet controller injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX into every
+    pod and kubelet expands `$(VAR)` in the command, so no shell wrapper is needed. A flag the
+    user already passes in args is left to them. vLLM spans nodes with a Ray cluster whose
+    leader and workers run different commands: nothing is injected for it (see the README).
+    """
+    if svc.number_of_nodes == 1 or idep.spec.backend_framework != "sglang":
+        return []
+    flags = {
+        "--nnodes": str(svc.number_of_nodes),
+        "--node-rank": "$(LWS_WORKER_INDEX)",
+        "--dist-init-addr": f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}",
+    }
+    args = svc.args or []
+    return [part for flag, value in flags.items() if flag_value(args, flag) is None for part in (flag, value)]
+
+
+def _listen(port: int) -> list[str]:
+    return ["--host", "0.0.0.0", "--port", str(port)]
+
+
+def server_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
+    """The router; behind an Inference Gateway it trusts the EPP's pick (direct mode)."""
+    command = ["python3", "-m", SERVER_MODULE, *_listen(svc.effective_port), *discovery_flags(idep, Process.SERVER)]
+    if idep.spec.gaie.enabled:
+        command += ["--router-mode", "direct"]
+    return command + transport_flags(idep, Process.SERVER)
+
+
+def worker_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
+    return [
+        "python3", "-m", worker_module(idep), *_listen(svc.effective_port),
+        *discovery_flags(idep, Process.WORKER), *role_flags(idep, svc),
+        *transport_flags(idep, Process.WORKER), *rendezvous_flags(idep, svc),
+    ]
+
+
+def frontend_command(idep: InferaDeployment) -> list[str]:
+    """The GAIE frontend: a router in direct mode beside the engine, where the gateway sends the
+    requests its Endpoint Picker assigned to this pod."""
+    gaie = idep.spec.gaie
+    return [
+        "python3", "-m", SERVER_MODULE, *_listen(gaie.frontend_port), "--router-mode", "direct",
+        "--router-tokenizer-path", gaie.tokenizer_path or "",
+        *discovery_flags(idep, Process.FRONTEND), *transport_flags(idep, Process.FRONTEND),
+    ]
+
+
+def epp_command(idep: InferaDeployment) -> list[str]:
+    """The Endpoint Picker answers the gateway with <pod IP>:<destination port>: that must be
+    the frontend sidecars' port, the pool's target port, not the engine's."""
+    gaie = idep.spec.gaie
+    return [
+        "python3", "-m", EPP_MODULE,
+        "--grpc-port", str(EPP_GRPC_PORT), "--grpc-health-port", str(EPP_HEALTH_PORT),
+        "--destination-port", str(gaie.frontend_port), "--router-tokenizer-path", gaie.tokenizer_path or "",
+        *discovery_flags(idep, Process.EPP), *transport_flags(idep, Process.EPP),
+    ]
+
+
+def field_env(name: str, field_path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+
+
+def operator_env(idep: InferaDeployment, process: Process) -> list[dict]:
+    """spec.envs, then what the runtime reads: NATS_SERVER (the NATS clients' fallback when a
+    template's command gives no --nats-server), the pod's identity (a worker patches its own Pod
+    and advertises POD_IP; the server finds its InferaDeployment from its Pod), the routers'
+    selector (read when a template's command gives none) and the workers' model-load budget."""
+    env = [env_var(var) for var in idep.spec.envs or []]
+    url = nats.client_url(idep)
+    if url:
+        env.append({"name": NATS_ENV, "value": url})
+    env += [
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_IP", "status.podIP"),
+    ]
+    if process in ROUTERS and idep.spec.discovery_backend == "kubernetes":
+        env.append({"name": SELECTOR_ENV, "value": discovery.label_selector(idep)})
+    if process == Process.WORKER:
+        env.append({"name": READY_TIMEOUT_ENV, "value": str(MODEL_LOAD_SECONDS)})
+    return last_wins(env)
+
+
+def env_var(var: Any) -> dict:
+    """An API EnvVar as the API server stores it: an empty value is stored as absent."""
+    rendered: dict = {"name": var.name}
+    if var.value:
+        rendered["value"] = var.value
+    if var.value_from is not None:
+        rendered["valueFrom"] = var.value_from
+    return rendered
+
+
+def last_wins(env: list[dict]) -> list[dict]:
+    """A name set twice keeps its first position and its last value, so users override what the
+    operator injects without producing duplicate names (which the API server only warns about)."""
+    by_name: dict[str, dict] = {}
+    for var in env:
+        by_name[var["name"]] = var
+    return list(by_name.values())
+
+
+def _http_probe(path: str, port: int, **timing: int) -> dict:
+    return {"httpGet": {"path": path, "port": port, "scheme": "HTTP"}, "successThreshold": 1, **timing}
+
+
+def worker_probes(port: int, env: list[dict]) -> dict[str, dict]:
+    """The engine's /health, three ways. Startup: a model load is never killed, however long
+    the wrapper is allowed to wait for it. Liveness, once started: a hung engine is restarted
+    after three minutes without an answer (a full batch can stall /health for seconds, never
+    minutes). Readiness: the upstream operator's timing (its /health runs a tiny prefill that
+    often takes over a second)."""
+    load = max(MODEL_LOAD_SECONDS, ready_timeout_seconds(env))
+    return {
+        "startupProbe": _http_probe(
+            "/health", port, periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10,
+            failureThreshold=math.ceil((load + STARTUP_SLACK_SECONDS) / STARTUP_PERIOD_SECONDS),
+        ),
+        "livenessProbe": _http_probe("/health", port, periodSeconds=20, timeoutSeconds=10, failureThreshold=9),
+        "readinessProbe": _http_probe(
+            "/health", port, initialDelaySeconds=15, periodSeconds=15, timeoutSeconds=10, failureThreshold=6
+        ),
+    }
+
+
+def router_readiness(path: str, port: int) -> dict:
+    """A router is ready once it serves HTTP (its /health answers while it has no workers)."""
+    return _http_probe(path, port, periodSeconds=10, timeoutSeconds=5, failureThreshold=3)
+
+
+def epp_readiness() -> dict:
+    """The gRPC health service the picker serves on its health port."""
+    return {
+        "grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"},
+        "failureThreshold": 3,
+        "periodSeconds": 10,
+        "successThreshold": 1,
+        "timeoutSeconds": 5,
+    }
+
+
+def prestop() -> dict:
+    return {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}
+
+
+# --- Reading a container's command line as the process will see it ------------------------
+
+SHELLS = ("sh", "bash", "dash", "ash")
+SHELL_OPERATORS = ("&&", "||", ";", "|", "&")
+MODULES = (SERVER_MODULE, EPP_MODULE, *WORKER_MODULES.values())
+
+
+def _shell_words(argv: list[str]) -> list[str]:
+    """`sh -c '<script>'` as words (upstream's multi-node recipe wraps its command so); a
+    script that does not split is left as written."""
+    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and re.fullmatch(r"-[a-z]*c", argv[1]):
+        try:
+            return shlex.split(argv[2])
+        except ValueError:
+            return argv
+    return argv
+
+
+def entry_point(container: dict) -> tuple[str, list[str]] | None:
+    """The Infera module a container runs and the arguments it gets, wherever it starts in the
+    command (after a wrapper such as infera-exec, or inside `sh -c`); None for anything else."""
+    words = _shell_words(list(container.get("command") or []) + list(container.get("args") or []))
+    for index in range(len(words) - 1):
+        if words[index] == "-m" and words[index + 1] in MODULES:
+            rest = words[index + 2 :]
+            end = next((i for i, word in enumerate(rest) if word in SHELL_OPERATORS), len(rest))
+            return words[index + 1], rest[:end]
+    return None
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value argparse would see for `flag` (the last occurrence wins)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag:
+            value = args[index + 1] if index + 1 < len(args) else ""
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
+
+def _literal_env(env: list[dict], name: str) -> str | None:
+    """A variable's value when it is written literally (a valueFrom is resolved only by kubelet)."""
+    return next((var.get("value") for var in env if var.get("name") == name and "valueFrom" not in var), None)
+
+
+def _seconds(source: str, raw: str) -> float | None:
+    """A number of seconds; None when a variable reference makes it unknowable here."""
+    if "$" in raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise SpecError(f"{source} must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise SpecError(f"{source} must be a non-negative number of seconds, got {raw!r}")
+    return seconds
+
+
+def drain_seconds(argv: list[str], env: list[dict]) -> int:
+    """The worker's drain timeout: --drain-timeout, else INFERA_DRAIN_TIMEOUT (the flag's default),
+    else 30 s; rounded up and clamped to an hour."""
+    for source, raw in (("--drain-timeout", flag_value(argv, "--drain-timeout")), (DRAIN_ENV, _literal_env(env, DRAIN_ENV))):
+        if raw is not None:
+            seconds = _seconds(source, raw)
+            if seconds is not None:
+                return min(math.ceil(seconds), MAX_DRAIN_SECONDS)
+    return DEFAULT_DRAIN_SECONDS
+
+
+def grace_seconds(argv: list[str], env: list[dict]) -> int:
+    """terminationGracePeriodSeconds that SIGKILL never cuts short: the preStop delay, the drain,
+    then the teardown, with a floor for slow engine exits."""
+    return max(MIN_GRACE_SECONDS, PRESTOP_SECONDS + drain_seconds(argv, env) + TEARDOWN_SECONDS)
+
+
+def ready_timeout_seconds(env: list[dict]) -> int:
+    """How long the wrapper waits for the engine; a value it cannot read leaves its default."""
+    raw = _literal_env(env, READY_TIMEOUT_ENV)
+    try:
+        seconds = float(raw) if raw is not None else MODEL_LOAD_SECONDS
+    except ValueError:
+        return MODEL_LOAD_SECONDS
+    return math.ceil(seconds) if math.isfinite(seconds) and seconds > 0 else MODEL_LOAD_SECONDS
+
+
+# --- What the entry points refuse at start-up ----------------------------------------------
+
+def check_process(where: str, svc: ServiceSpec, module: str, argv: list[str]) -> None:
+    """Raise SpecError for a command line the runtime would refuse, or that would register the
+    worker in another role than the service's: what the wrapper requires, and the role."""
+    if module == SERVER_MODULE and flag_value(argv, "--router-tokenizer-path") is None:
+        raise SpecError(
+            f"{where}: infera.server requires --router-tokenizer-path (the tokenizer of the served model, "
+            "e.g. --router-tokenizer-path Qwen/Qwen3-0.6B): add it to args"
+        )
+    if module == WORKER_MODULES["vllm"]:
+        _check_kv_role(where, svc.role, flag_value(argv, "--kv-transfer-config"))
+        if flag_value(argv, "--model") is None:
+            raise SpecError(f"{where}: infera.engine.vllm requires --model (the model to serve): add it to args")
+    if module == WORKER_MODULES["sglang"]:
+        mode = flag_value(argv, "--disaggregation-mode")
+        if "$" not in (mode or "") and (mode or "null") != ("null" if svc.role == "mixed" else svc.role):
+            raise SpecError(
+                f"{where}: --disaggregation-mode {mode} contradicts role {svc.role}: remove it from the command "
+                "(the operator passes the role)"
+            )
+
+
+def _check_kv_role(where: str, role: str, config: str | None) -> None:
+    allowed = KV_ROLES[role]
+    if config is None:
+        if role == "mixed":
+            return
+        example = json.dumps({"kv_connector": "MooncakeConnector", "kv_role": KV_ROLE_EXAMPLE[role]}, separators=(",", ":"))
+        raise SpecError(
+            f"{where}: {VLLM_ROLE_RULE}, with kv_role {' or '.join(allowed)}, e.g. --kv-transfer-config '{example}'"
+        )
+    if "$" in config:
+        return  # expanded only in the pod
+    try:
+        parsed = json.loads(config)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise SpecError(f"{where}: --kv-transfer-config must be a JSON object, got {config!r}")
+    kv_role = parsed.get("kv_role")
+    if kv_role in allowed or (kv_role is None and role == "mixed"):
+        return
+    raise SpecError(
+        f"{where}: --kv-transfer-config has {f'kv_role {kv_role!r}' if kv_role else 'no kv_role'}, which does not "
+        f"make a {role} worker: set kv_role to {' or '.join(allowed)}"
+    )
