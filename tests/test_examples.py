@@ -17,6 +17,7 @@ def test_the_documented_examples_exist() -> None:
         "gaie-pd.yaml",
         "multinode-tp.yaml",
         "pd-1p1d-mooncake.yaml",
+        "pd-vllm-moriio.yaml",
     }
 
 
@@ -31,6 +32,9 @@ EXPECTED = {
                                               ("Service", "epp"), ("InferencePool", "pool"), ("HTTPRoute", "route")}),
     "pd-1p1d-mooncake.yaml": ("qwen-1p1d", PLUMBING | {("Deployment", "server"), ("Service", "server"),
                                                       ("Deployment", "prefill"), ("Deployment", "decode")}),
+    "pd-vllm-moriio.yaml": ("llama-pd", {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"),
+                                         ("Deployment", "decode"), ("ServiceAccount", "disc"), ("Role", "disc"),
+                                         ("RoleBinding", "disc")}),
     "multinode-tp.yaml": ("llama-tp", PLUMBING | {("Deployment", "server"), ("Service", "server"),
                                                   ("LeaderWorkerSet", "worker")}),
 }

@@ -1,0 +1,115 @@
+"""What kubelet and the LeaderWorkerSet controller make of a rendered pod template: each
+container's environment and the argv its process is started with.
+
+- env, in order: the LeaderWorkerSet variables (for a group's pods), then the container's own,
+  the downward API resolved to this pod's facts, and `$(VAR)` in a value expanded against the
+  variables defined before it;
+- command and args: `$(VAR)` expanded against the whole environment, `$$` an escaped `$`, an
+  unknown name left as written (kubelet's rules, k8s.io/kubernetes/third_party/forked/golang/expansion).
+"""
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return REFERENCE.sub(replace, text)
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What the downward API and the LeaderWorkerSet controller know about one pod."""
+
+    name: str
+    namespace: str
+    ip: str
+    node: str = "gpu-node-1"
+    lws: dict[str, str] = field(default_factory=dict)  # LWS_* variables of a group's pod
+
+
+def lws_facts(lws_name: str, namespace: str, size: int, group: int, index: int) -> dict[str, str]:
+    """The variables the LeaderWorkerSet controller injects into every container of a group."""
+    return {
+        "LWS_LEADER_ADDRESS": f"{lws_name}-{group}.{lws_name}.{namespace}",
+        "LWS_GROUP_SIZE": str(size),
+        "LWS_WORKER_INDEX": str(index),
+    }
+
+
+def _field(path: str, pod: PodFacts, labels: dict[str, str]) -> str:
+    if path.startswith("metadata.labels['"):
+        return labels.get(path[len("metadata.labels['") : -2], "")
+    return {
+        "metadata.name": pod.name,
+        "metadata.namespace": pod.namespace,
+        "status.podIP": pod.ip,
+        "status.hostIP": "192.168.0.10",
+        "spec.nodeName": pod.node,
+    }[path]
+
+
+def container_env(container: dict[str, Any], pod: PodFacts, labels: dict[str, str]) -> dict[str, str]:
+    env = dict(pod.lws)
+    for var in container.get("env") or []:
+        source = var.get("valueFrom")
+        if source is None:
+            env[var["name"]] = expand(str(var.get("value", "")), env)
+        elif "fieldRef" in source:
+            env[var["name"]] = _field(source["fieldRef"]["fieldPath"], pod, labels)
+        else:  # a Secret, ConfigMap or resource value: present, its content unknown here
+            env[var["name"]] = f"<{next(iter(source))}>"
+    return env
+
+
+def container_argv(container: dict[str, Any], env: dict[str, str]) -> list[str]:
+    return [expand(part, env) for part in list(container.get("command") or []) + list(container.get("args") or [])]
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod a rendered workload creates (for a LeaderWorkerSet, one per rank of group 0)."""
+
+    owner: str  # kind/name of the workload
+    template: dict[str, Any]
+    facts: PodFacts
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return (self.template.get("metadata") or {}).get("labels") or {}
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.template["spec"]
+
+
+def pods(children: list[dict[str, Any]], namespace: str) -> list[Pod]:
+    """A pod of every template in the answer, each with its own name and IP."""
+    found: list[Pod] = []
+
+    def add(owner: str, template: dict[str, Any], name: str, lws: dict[str, str] | None = None) -> None:
+        facts = PodFacts(name=name, namespace=namespace, ip=f"10.42.0.{len(found) + 10}", lws=lws or {})
+        found.append(Pod(owner, template, facts))
+
+    for child in children:
+        kind, name, spec = child["kind"], child["metadata"]["name"], child.get("spec") or {}
+        if kind == "Deployment":
+            add(f"{kind}/{name}", spec["template"], f"{name}-5d8f7c9b6-x2k4p")
+        elif kind == "StatefulSet":
+            add(f"{kind}/{name}", spec["template"], f"{name}-0")
+        elif kind == "LeaderWorkerSet":
+            group = spec["leaderWorkerTemplate"]
+            size = group["size"]
+            leader = group.get("leaderTemplate") or group["workerTemplate"]
+            add(f"{kind}/{name}", leader, f"{name}-0", lws_facts(name, namespace, size, 0, 0))
+            for index in range(1, size):
+                add(f"{kind}/{name}", group["workerTemplate"], f"{name}-0-{index}", lws_facts(name, namespace, size, 0, index))
+    return found

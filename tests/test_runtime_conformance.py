@@ -1,0 +1,444 @@
+"""Runtime conformance: every container the hook renders starts under the real Infera runtime.
+
+Each container's command line, as kubelet starts it (downward API, `$(VAR)` expansion, the
+LeaderWorkerSet variables), goes through its entry point's own parser from
+../shared/upstream/runtime (tests/runtime.py), under its own environment. Then the start-up
+decisions each `__main__` takes from the result must hold in the rendered graph:
+
+- discovery: every process uses the spec's backend; a router has a selector (flag or
+  INFERA_K8S_LABEL_SELECTOR) that selects the worker pods and may list and watch pods, a worker
+  knows its Pod (POD_NAME) and may patch it; with etcd, everyone has the endpoint;
+- a worker registers the address of its own pod (the Pod IP, never 0.0.0.0), and a PD worker
+  passes the runtime's own disaggregation preflight in the role of its service;
+- whoever uses NATS (request transport, or KV events) resolves the managed broker, which then
+  exists; the KV-aware routers and the workers share one KV-event plane;
+- every process listens where its Service, probe or InferencePool sends traffic, and the EPP
+  sends the gateway to the pool's port; multi-node SGLang ranks know their group.
+"""
+
+import copy
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests import kubelet, runtime
+from tests.conftest import REPO, as_vllm, controller_for, need, parent, request_body, upstream_corpus, vllm_worker_args
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+ROUTER_MODULES = (runtime.SERVER, runtime.EPP)
+WORKER_MODULES = (runtime.SGLANG, runtime.VLLM)
+SHELLS = ("sh", "bash")
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The last value of `name` in `argv`, as argparse reads it."""
+    value = None
+    for index, word in enumerate(argv):
+        if word == name and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif word.startswith(name + "="):
+            value = word[len(name) + 1 :]
+    return value
+
+
+def process_argv(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
+    """The Infera module and its arguments, also inside `sh -c` (with the shell's expansion)."""
+    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and argv[1] == "-c":
+        shell_var = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+        argv = [shell_var.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word) for word in shlex.split(argv[2])]
+    for index in range(len(argv) - 1):
+        if argv[index] == "-m" and argv[index + 1] in runtime.PARSERS:
+            return argv[index + 1], argv[index + 2 :]
+    return None
+
+
+@dataclass
+class Started:
+    """One Infera process of the graph, as its entry point parsed its command line."""
+
+    pod: kubelet.Pod
+    container: dict[str, Any]
+    module: str
+    argv: list[str]
+    args: Any
+    env: dict[str, str]
+
+    @property
+    def where(self) -> str:
+        return f"{self.pod.owner} ({self.pod.facts.name}) container {self.container['name']}: {self.module}"
+
+    @property
+    def service(self) -> str:
+        return self.pod.labels.get("infera.amd.com/service", "")
+
+    @property
+    def is_worker(self) -> bool:
+        return self.module in WORKER_MODULES
+
+    @property
+    def listens_on(self) -> int:
+        return self.args.server_args.port if self.module == runtime.SGLANG else (
+            self.args.grpc_port if self.module == runtime.EPP else self.args.port
+        )
+
+
+class Graph:
+    """The rendered graph of one InferaDeployment and the start-up checks over its processes."""
+
+    def __init__(self, idep: dict[str, Any], children: list[dict[str, Any]]) -> None:
+        self.idep, self.children = idep, children
+        self.name, self.namespace = idep["metadata"]["name"], idep["metadata"]["namespace"]
+        self.spec = idep["spec"]
+        self.by_key = {(c["kind"], c["metadata"]["name"]): c for c in children}
+        self.pods = kubelet.pods(children, self.namespace)
+        self.problems: list[str] = []
+        self.processes: list[Started] = []
+        self.running: set[str] = set()  # pods with an Infera entry point, started or refused
+        for pod in self.pods:
+            for container in pod.spec["containers"] + pod.spec.get("initContainers", []):
+                env = kubelet.container_env(container, pod.facts, pod.labels)
+                found = process_argv(kubelet.container_argv(container, env), env)
+                if found is None:
+                    continue
+                self.running.add(pod.facts.name)
+                try:
+                    parsed = runtime.parse(*found, env)
+                except runtime.Refused as refused:
+                    self.problems.append(f"{pod.owner} container {container['name']}: {refused}")
+                    continue
+                self.processes.append(Started(pod, container, *found, parsed, env))
+
+    def fail(self, process: Started, problem: str) -> None:
+        self.problems.append(f"{process.where}: {problem}")
+
+    # --- what the graph provides -------------------------------------------------------------
+
+    def pod_verbs(self, account: str) -> set[str]:
+        """The verbs on pods that `account`'s RoleBindings grant in the namespace."""
+        verbs: set[str] = set()
+        for child in self.children:
+            if child["kind"] == "RoleBinding" and {"kind": "ServiceAccount", "name": account, "namespace": self.namespace} in child["subjects"]:
+                role = self.by_key.get(("Role", child["roleRef"]["name"]), {"rules": []})
+                verbs |= {v for rule in role["rules"] if "pods" in rule["resources"] and "" in rule["apiGroups"] for v in rule["verbs"]}
+        return verbs
+
+    def managed_nats(self) -> str | None:
+        name = f"{self.name}-nats"
+        service = self.by_key.get(("Service", name))
+        if ("StatefulSet", name) in self.by_key and service and 4222 in [p["port"] for p in service["spec"]["ports"]]:
+            return f"nats://{name}:4222"
+        return None
+
+    def worker_pods(self) -> list[kubelet.Pod]:
+        return [pod for pod in self.pods if pod.labels.get("infera.amd.com/component") == "worker"]
+
+    def pool_port(self) -> int | None:
+        pool = self.by_key.get(("InferencePool", f"{self.name}-pool"))
+        return pool["spec"]["targetPorts"][0]["number"] if pool else None
+
+    # --- the checks ----------------------------------------------------------------------------
+
+    def check(self) -> list[str]:
+        workloads = [p for p in self.pods if p.labels.get("infera.amd.com/service") in self.spec["services"]]
+        for pod in workloads:
+            # Only the other ranks of a group may run something else (a Ray worker, say).
+            if pod.facts.name not in self.running and pod.facts.lws.get("LWS_WORKER_INDEX", "0") == "0":
+                self.problems.append(f"{pod.owner}: no container runs an Infera entry point")
+        kv_planes = set()
+        for process in self.processes:
+            self.check_discovery(process)
+            self.check_nats(process)
+            self.check_ports(process)
+            if process.is_worker:
+                self.check_worker(process)
+            if process.module in ROUTER_MODULES and process.args.router_policy == "kv-aware":
+                kv_planes.add(process.args.kv_event_transport)
+            if process.is_worker and process.args.enable_kv_events:
+                kv_planes.add(process.args.kv_event_transport)
+        if len(kv_planes) > 1:
+            self.problems.append(f"routers and workers use different KV-event transports: {sorted(kv_planes)}")
+        return self.problems
+
+    def check_discovery(self, process: Started) -> None:
+        args, backend = process.args, self.spec.get("discoveryBackend", "kubernetes")
+        if args.discovery_backend != backend:
+            self.fail(process, f"discovers through {args.discovery_backend}, the graph through {backend}")
+            return
+        if backend == "etcd":
+            if args.etcd_endpoint != self.spec["etcdEndpoint"]:
+                self.fail(process, f"etcd endpoint {args.etcd_endpoint!r}, not {self.spec['etcdEndpoint']!r}")
+            return
+        verbs = self.pod_verbs(process.pod.spec.get("serviceAccountName", "default"))
+        if process.is_worker:
+            # K8sRegistrationClient patches the Pod named by POD_NAME in POD_NAMESPACE.
+            if process.env.get("POD_NAME") != process.pod.facts.name or not {"get", "patch"} <= verbs:
+                self.fail(process, "cannot register: it needs POD_NAME and an account that may patch its Pod")
+            return
+        selector = dict(part.split("=", 1) for part in (args.k8s_label_selector or "").split(",") if "=" in part)
+        if not selector:
+            self.fail(process, "--discovery-backend=kubernetes without a label selector: exits at start-up")
+        elif not all(selector.items() <= pod.labels.items() for pod in self.worker_pods()):
+            self.fail(process, f"selector {args.k8s_label_selector!r} misses worker pods")
+        if not {"list", "watch"} <= verbs:
+            self.fail(process, "its account may not list and watch pods")
+
+    def check_nats(self, process: Started) -> None:
+        args = process.args
+        uses = getattr(args, "request_transport", None) == "nats" or (
+            args.kv_event_transport == "nats" and (not process.is_worker or args.enable_kv_events)
+            and (process.is_worker or args.router_policy == "kv-aware")
+        )
+        if not uses:
+            return
+        with runtime.environment(process.env):
+            url = runtime.load("infera.kv.nats_bus").resolve_nats_url(args.nats_server)
+        if url != self.managed_nats():
+            self.fail(process, f"uses NATS at {url}, but the graph's broker is {self.managed_nats()}")
+
+    def check_worker(self, process: Started) -> None:
+        args, pod = process.args, process.pod
+        preflight = runtime.load("infera.common.disagg_preflight")
+        role = self.spec["services"].get(process.service, {}).get("role", "mixed")
+        if process.module == runtime.SGLANG:
+            mode = args.server_args.disaggregation_mode or "null"
+            running = "mixed" if mode == "null" else mode
+            host = args.server_args.host
+        else:
+            running, host = args.disagg_mode.value, args.host
+        # vLLM registers kv_both as mixed: such an engine serves either side of a PD pair.
+        kv_config = json.loads(flag(process.argv, "--kv-transfer-config") or "{}")
+        if running != role and not (process.module == runtime.VLLM and kv_config.get("kv_role") == "kv_both"):
+            self.fail(process, f"registers as {running}, the service is {role}")
+        is_disagg = running != "mixed"  # as both wrappers' main() decide it
+        # Both wrappers' main(): under Kubernetes discovery the Pod IP is advertised.
+        advertised = args.advertise_host
+        if args.discovery_backend == "kubernetes" and not advertised:
+            advertised = process.env.get("POD_IP")
+        registered = advertised or host
+        if registered != pod.facts.ip:
+            self.fail(process, f"registers {registered!r}, not its Pod IP {pod.facts.ip}")
+        try:
+            preflight.validate_advertise_host(registered, is_disagg=is_disagg)
+            if process.module == runtime.SGLANG:
+                preflight.validate_sglang_transport(
+                    getattr(args.server_args, "disaggregation_transfer_backend", None),
+                    is_disagg=is_disagg, allow_tcp=args.disaggregation_allow_tcp,
+                )
+            else:
+                preflight.validate_vllm_transport(args.disagg_meta, is_disagg=is_disagg, allow_tcp=args.disaggregation_allow_tcp)
+        except preflight.DisaggPreflightError as error:
+            self.fail(process, f"refused by the disaggregation preflight: {error}")
+        lws = pod.facts.lws
+        if lws and process.module == runtime.SGLANG and (args.server_args.nnodes or 1) > 1:
+            server_args = args.server_args
+            if (server_args.nnodes, server_args.node_rank) != (int(lws["LWS_GROUP_SIZE"]), int(lws["LWS_WORKER_INDEX"])):
+                self.fail(process, f"rank {server_args.node_rank} of {server_args.nnodes}, not {lws['LWS_WORKER_INDEX']} of {lws['LWS_GROUP_SIZE']}")
+            if (server_args.dist_init_addr or "").rsplit(":", 1)[0] != lws["LWS_LEADER_ADDRESS"]:
+                self.fail(process, f"rendezvous at {server_args.dist_init_addr}, not the group leader")
+
+    def check_ports(self, process: Started) -> None:
+        port, container = process.listens_on, process.container
+        if port not in [p["containerPort"] for p in container.get("ports") or []]:
+            self.fail(process, f"listens on {port}, which the container does not declare")
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            target = (container.get(probe) or {}).get("httpGet", {}).get("port")
+            if target is not None and target != port:
+                self.fail(process, f"its {probe} checks port {target}, it listens on {port}")
+        component = process.pod.labels.get("infera.amd.com/component")
+        if process.module == runtime.SERVER and component == "server":
+            service = self.by_key[("Service", f"{self.name}-{process.service}")]
+            if [p["targetPort"] for p in service["spec"]["ports"]] != [port]:
+                self.fail(process, f"its Service sends traffic to {service['spec']['ports']}, it listens on {port}")
+        if process.module == runtime.SERVER and (self.spec.get("gaie") or {}).get("enabled") and process.args.router_mode != "direct":
+            self.fail(process, "a router behind the Inference Gateway must trust the EPP's pick (--router-mode direct)")
+        if process.module == runtime.SERVER and component == "worker" and port != self.pool_port():
+            self.fail(process, f"the frontend listens on {port}, the InferencePool targets {self.pool_port()}")
+        if process.module == runtime.EPP:
+            if process.args.destination_port != self.pool_port():
+                self.fail(process, f"sends the gateway to port {process.args.destination_port}, the pool is on {self.pool_port()}")
+            if container["readinessProbe"]["grpc"]["port"] != process.args.grpc_health_port:
+                self.fail(process, f"serves gRPC health on {process.args.grpc_health_port}, its probe checks another port")
+
+
+def rendered_graph(hooks, idep: dict[str, Any]) -> Graph:
+    runtime.need_runtime()
+    answer = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))
+    assert answer["status"]["state"] == "initializing", answer["status"]["message"]
+    return Graph(idep, answer["children"])
+
+
+def assert_starts(hooks, idep: dict[str, Any]) -> Graph:
+    graph = rendered_graph(hooks, idep)
+    assert graph.check() == []
+    assert graph.processes, "no Infera process in the graph"
+    return graph
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[path.name for path in EXAMPLES])
+def test_every_example_starts(hooks, path) -> None:
+    assert_starts(hooks, parent(path))
+
+
+CORPUS = upstream_corpus()
+
+
+@pytest.mark.parametrize("name", sorted({name for name, _ in CORPUS}) or ["(upstream corpus missing)"])
+def test_every_upstream_corpus_file_starts(hooks, name: str) -> None:
+    need(bool(CORPUS), "the upstream examples are not in ../shared/upstream/examples (set INFERA_SHARED_DIR)")
+    for file_name, doc in CORPUS:
+        if file_name == name:
+            assert_starts(hooks, parent(copy.deepcopy(doc)))
+
+
+# --- the combinations the issue names, each proved -------------------------------------------
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+
+
+def pd(**spec: Any) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["spec"].update(spec)
+    return obj
+
+
+GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
+
+
+@pytest.mark.parametrize(
+    "idep",
+    [
+        pd(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"),
+        pd(nats={"deploy": False}),
+        pd(discoveryBackend="etcd", etcdEndpoint="etcd:2379", nats={"deploy": False}),
+        as_vllm(pd()),
+        as_vllm(pd(discoveryBackend="etcd", etcdEndpoint="etcd:2379", nats={"deploy": False})),
+        pd(gaie={**GAIE, "frontendPort": 8123}),
+        pd(gaie={**GAIE, "frontendPort": 9000}, nats={"deploy": False}, discoveryBackend="etcd", etcdEndpoint="e:1"),
+    ],
+    ids=["etcd", "nats-off", "etcd-nats-off", "vllm-pd", "vllm-pd-etcd-nats-off", "gaie-frontend-port", "gaie-etcd-nats-off"],
+)
+def test_combination_starts(hooks, idep: dict[str, Any]) -> None:
+    assert_starts(hooks, idep)
+
+
+def test_multinode_sglang_behind_the_gateway_starts(hooks) -> None:
+    obj = pd(gaie={**GAIE, "frontendPort": 8200})
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 3
+    graph = assert_starts(hooks, obj)
+    ranks = sorted(p.pod.facts.name for p in graph.processes if p.service == "decode" and p.is_worker)
+    assert ranks == ["qwen-pd-decode-0", "qwen-pd-decode-0-1", "qwen-pd-decode-0-2"]
+    frontends = [p for p in graph.processes if p.service == "decode" and not p.is_worker]
+    assert [p.pod.facts.name for p in frontends] == ["qwen-pd-decode-0"]  # only the leader joins the pool
+
+
+# --- the checker finds what the issue found ----------------------------------------------------
+
+def tampered(hooks, idep: dict[str, Any], kind: str, name: str, change) -> list[str]:
+    """The problems of the rendered graph after `change(container)` on one child's primary."""
+    graph = rendered_graph(hooks, idep)
+    child = graph.by_key[(kind, name)]
+    change(child["spec"]["template"]["spec"]["containers"][0])
+    return Graph(idep, graph.children).check()
+
+
+def replace_flags(old: list[str], new: list[str]):
+    def change(container: dict[str, Any]) -> None:
+        command = container["command"]
+        at = next(i for i in range(len(command)) if command[i : i + len(old)] == old)
+        command[at : at + len(old)] = new
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("idep", "kind", "name", "old", "new", "problem"),
+    [
+        (pd(), "Deployment", "qwen-pd-decode", ["--discovery-backend", "kubernetes"],
+         ["--discovery-backend", "kubernetes", "--k8s-label-selector", "infera.amd.com/deployment=qwen-pd"],
+         "unrecognized arguments: --k8s-label-selector"),
+        (pd(gaie=GAIE), "Deployment", "qwen-pd-epp", ["--router-tokenizer-path"], ["--tokenizer-path"],
+         "the following arguments are required: --router-tokenizer-path"),
+        (pd(discoveryBackend="etcd", etcdEndpoint="e:1"), "Deployment", "qwen-pd-server",
+         ["--discovery-backend", "etcd"], [], "discovers through kubernetes, the graph through etcd"),
+        (pd(discoveryBackend="etcd", etcdEndpoint="e:1"), "Deployment", "qwen-pd-decode",
+         ["--advertise-host", "$(POD_IP)"], [], "registers '0.0.0.0', not its Pod IP"),
+        (pd(nats={"deploy": False}), "Deployment", "qwen-pd-prefill",
+         ["--request-transport", "http", "--kv-event-transport", "zmq"], [],
+         "uses NATS at nats://127.0.0.1:4222, but the graph's broker is None"),
+        (as_vllm(pd()), "Deployment", "qwen-pd-decode", ["--discovery-backend", "kubernetes"],
+         ["--discovery-backend", "kubernetes", "--disaggregation-mode", "decode"], "unrecognized arguments: --disaggregation-mode"),
+        (pd(gaie={**GAIE, "frontendPort": 8100}), "Deployment", "qwen-pd-epp", ["--destination-port", "8100"], [],
+         "sends the gateway to port 8000, the pool is on 8100"),
+    ],
+    ids=["worker-selector", "epp-tokenizer-flag", "etcd-without-backend", "etcd-without-advertise", "nats-off-untold",
+         "vllm-disaggregation-mode", "epp-destination-port"],
+)
+def test_the_checks_catch_the_defects_the_issue_found(hooks, idep, kind, name, old, new, problem) -> None:
+    problems = tampered(hooks, idep, kind, name, replace_flags(old, new))
+    assert any(problem in found for found in problems), problems
+
+
+def test_the_checks_catch_a_worker_outside_the_selector(hooks) -> None:
+    def relabel(container: dict[str, Any]) -> None:
+        container["command"][container["command"].index("infera.amd.com/deployment=qwen-pd")] = "app=other"
+
+    problems = tampered(hooks, pd(), "Deployment", "qwen-pd-server", relabel)
+    assert any("selector 'app=other' misses worker pods" in p for p in problems), problems
+
+
+# --- generated graphs across every combination ------------------------------------------------
+
+SGLANG_ARGS = st.lists(st.sampled_from([["--tp-size", "2"], ["--mem-fraction-static", "0.8"], ["--trust-remote-code"],
+                                        ["--drain-timeout", "120"], ["--page-size", "16"]]), max_size=3)
+VLLM_ARGS = st.lists(st.sampled_from([["--gpu-memory-utilization", "0.85"], ["--trust-remote-code"], ["--drain-timeout=90"],
+                                      ["--max-model-len", "8192"], ["--enforce-eager"]]), max_size=3)
+SERVER_ARGS = st.lists(st.sampled_from([["--router-policy", "round-robin"], ["--router-policy", "kv-aware"],
+                                        ["--request-max-retries", "2"], ["--migration-limit", "1"]]), max_size=2)
+CONNECTORS = st.sampled_from(["MooncakeConnector", "NixlConnector", "MoRIIOConnector"])
+
+
+@st.composite
+def graphs(draw: st.DrawFn) -> dict[str, Any]:
+    backend = draw(st.sampled_from(["sglang", "vllm"]))
+    spec: dict[str, Any] = {"image": "rocm/infera:v0.2.10", "backendFramework": backend, "services": {}}
+    if draw(st.booleans()):
+        spec |= {"discoveryBackend": "etcd", "etcdEndpoint": draw(st.sampled_from(["etcd:2379", "http://etcd.infra:2379"]))}
+    spec["nats"] = {"deploy": draw(st.booleans())}
+    ports = iter(draw(st.lists(st.integers(20000, 40000), min_size=4, max_size=4, unique=True)))
+    roles = draw(st.sampled_from([["mixed"], ["prefill", "decode"], ["mixed", "prefill", "decode"]]))
+    for role in roles:
+        nodes = draw(st.integers(1, 3)) if backend == "sglang" else 1
+        if backend == "sglang":
+            args = ["--model-path", "Qwen/Qwen3-0.6B", *sum(draw(SGLANG_ARGS), [])]
+            if role != "mixed":
+                args += ["--disaggregation-transfer-backend", draw(st.sampled_from(["mori", "mooncake", "nixl"]))]
+        else:
+            args = [*vllm_worker_args("mixed"), *sum(draw(VLLM_ARGS), [])]
+            if role != "mixed":
+                kv_role = draw(st.sampled_from([{"prefill": "kv_producer", "decode": "kv_consumer"}[role], "kv_both"]))
+                args += ["--kv-transfer-config", json.dumps({"kv_connector": draw(CONNECTORS), "kv_role": kv_role})]
+        service: dict[str, Any] = {"componentType": "worker", "role": role, "args": args, "numberOfNodes": nodes,
+                                   "replicas": draw(st.integers(0, 3))}
+        if draw(st.booleans()):
+            service["port"] = next(ports)
+        spec["services"][role] = service
+    gaie = draw(st.booleans())
+    if gaie:
+        spec["gaie"] = {**GAIE, "frontendPort": draw(st.sampled_from([8000, 8100, 9090]))}
+    if not gaie or draw(st.booleans()):
+        spec["services"]["router"] = {"componentType": "server", "port": next(ports),
+                                      "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B", *sum(draw(SERVER_ARGS), [])]}
+    return parent({"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(idep=graphs())
+def test_generated_graphs_start(hooks, idep: dict[str, Any]) -> None:
+    graph = rendered_graph(hooks, idep)
+    assert graph.check() == []
