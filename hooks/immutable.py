@@ -19,6 +19,12 @@ IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
 # a group's size in place, and a new size re-forms every group anyway.
 REPLACED_ON_CHANGE: dict[str, list[tuple[tuple[str, ...], str]]] = {
     "LeaderWorkerSet": [(("spec", "leaderWorkerTemplate", "size"), "numberOfNodes")],
+    # Only a child another controller created has another selector: the upstream operator puts
+    # its managed-by label in every selector. A Service's could change in place, but the 3-way
+    # merge keeps a key it never applied, and the Service would then select no new pod.
+    "Deployment": [(("spec", "selector"), "the selector")],
+    "StatefulSet": [(("spec", "selector"), "the selector")],
+    "Service": [(("spec", "selector"), "the selector")],
 }
 
 

@@ -9,8 +9,11 @@ from hooks import status
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
-from hooks.renderers import gaie, render_children
+from hooks.renderers import discovery, gaie, nats
 from hooks.renderers.common import SERVICE_LABEL
+from hooks.renderers.patches import apply_patches
+from hooks.renderers.services import server_service
+from hooks.renderers.workloads import workload
 
 # Where each optional kind is registered; the rest are in the base bundle.
 ENABLING_COMPONENTS = {
@@ -20,6 +23,17 @@ ENABLING_COMPONENTS = {
 }
 
 log = logging.getLogger(__name__)
+
+
+def render_children(idep: InferaDeployment) -> list[dict]:
+    """Every desired child, in a stable order: plumbing first, then services by name, with
+    spec.patches applied."""
+    children = discovery.render(idep) + nats.render(idep) + gaie.render(idep)
+    for service, svc in sorted(idep.spec.services.items()):
+        children.append(workload(idep, service, svc))
+        if not svc.is_worker:
+            children.append(server_service(idep, service, svc))
+    return apply_patches(idep, children)
 
 
 def describe_validation_error(error: ValidationError) -> str:

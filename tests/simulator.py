@@ -205,7 +205,8 @@ class Metacontroller:
                 self.children[key] = self._created(stamped)
                 self.writes.append(("create", *key))
                 continue
-            last_applied = json.loads(existing["metadata"]["annotations"][LAST_APPLIED])
+            # A child adopted from another controller has no record: the merge keeps what it has.
+            last_applied = json.loads((existing["metadata"].get("annotations") or {}).get(LAST_APPLIED, "{}"))
             merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
             merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
             # Metacontroller sends an update whenever the merge differs from what is stored,

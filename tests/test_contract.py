@@ -158,11 +158,13 @@ def test_metacontroller_sample_envelopes_parse(hooks) -> None:
         if path == "/sync":
             # The sample controller registers only Deployments and Services: the NATS broker and
             # the discovery identity are withheld (with a reason), the rest is rendered, and the
-            # sample's own observed Deployment (not ours) is pruned.
-            assert sorted(c["metadata"]["name"] for c in answer["children"]) == [
-                "llama-decode", "llama-prefill", "llama-server", "llama-server",
+            # sample's own observed Deployment llama-server, whose selector is not ours and
+            # cannot change in place, is let go to be created anew on the next sync.
+            assert sorted((c["kind"], c["metadata"]["name"]) for c in answer["children"]) == [
+                ("Deployment", "llama-decode"), ("Deployment", "llama-prefill"), ("Service", "llama-server"),
             ]
             assert answer["status"]["state"] == "failed"
+            assert "Deployment llama-server is being replaced: the selector changed" in answer["status"]["message"]
             for kind in ("StatefulSet llama-nats", "ServiceAccount llama-disc", "Role llama-disc", "RoleBinding llama-disc"):
                 assert f"{kind} cannot be created: this CompositeController does not register" in answer["status"]["message"]
         else:

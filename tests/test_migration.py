@@ -1,0 +1,48 @@
+"""Taking over a graph the upstream Infera operator created: its children have the same names,
+but every workload selector carries its managed-by label, which cannot change in place."""
+
+import copy
+from typing import Any
+
+from tests.conftest import REPO
+from tests.simulator import LAST_APPLIED, Metacontroller
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+UPSTREAM = {"app.kubernetes.io/managed-by": "infera-operator"}
+
+
+def as_upstream_made(child: dict[str, Any]) -> dict[str, Any]:
+    """The child as the upstream operator wrote it: its labels and selectors, no record of ours."""
+    made = copy.deepcopy(child)
+    made["metadata"]["labels"] |= UPSTREAM
+    made["metadata"].get("annotations", {}).pop(LAST_APPLIED, None)
+    if child["kind"] in ("Deployment", "StatefulSet"):
+        made["spec"]["selector"]["matchLabels"] |= UPSTREAM
+        made["spec"]["template"]["metadata"]["labels"] |= UPSTREAM
+    if child["kind"] == "Service":
+        made["spec"]["selector"] |= UPSTREAM
+    return made
+
+
+def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(hooks) -> None:
+    mc = Metacontroller(hooks, PD)
+    mc.converge()
+    mc.mark_ready()
+    mc.children = {key: as_upstream_made(child) for key, child in mc.children.items()}
+    # The first sync lets go of every child whose selector is not its own (the simulator, like
+    # the API server, refuses a workload's selector change), and takes over the rest in place.
+    writes = mc.child_writes(mc.sync())
+    workloads = [("Deployment", f"qwen-pd-{s}") for s in ("decode", "prefill", "server")] + [
+        ("StatefulSet", "qwen-pd-nats"), ("Service", "qwen-pd-nats"), ("Service", "qwen-pd-server"),
+    ]
+    assert sorted(w for w in writes if w[0] == "delete") == sorted(("delete", *key) for key in workloads)
+    assert {w[0] for w in writes} <= {"delete", "update"}
+    message = mc.parent["status"]["message"]
+    assert "Deployment qwen-pd-decode is being replaced: the selector changed from" in message
+    assert "(spec.selector cannot change in place)" in message
+    # The next sync creates them as this operator renders them, and the graph converges.
+    assert sorted(w for w in mc.child_writes(mc.sync()) if w[0] == "create") == sorted(("create", *key) for key in workloads)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready" and mc.sync() == []
