@@ -159,3 +159,19 @@ def test_spec_error_keeps_the_registration_condition_as_it_was(hooks) -> None:
     mc.edit(lambda spec: spec.update(backendFramework="sglang"))
     mc.converge()
     assert conditions(mc.parent["status"])["ChildKindsRegistered"]["lastTransitionTime"] == before["lastTransitionTime"]
+
+
+def test_service_replicas_are_what_the_workload_has_now(hooks) -> None:
+    """The router's scaling API reads status.services.*.replicas as the current count."""
+    mc = Metacontroller(hooks, PD)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    mc.edit(lambda spec: spec["services"]["decode"].update(replicas=3))
+    mc.converge()  # the Deployment is asked for 3 but still reports what it had
+    assert mc.parent["status"]["services"]["decode"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
+    # (and its controller has not observed the change yet, so none counts as ready)
+    assert mc.parent["status"]["message"] == "decode 0/3 ready; waiting on 1 of 3 services"
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["services"]["decode"] == {"kind": "Deployment", "replicas": 3, "readyReplicas": 3}
