@@ -155,8 +155,13 @@ def main() -> None:
     rounds = args.rounds
     distinct = [converged_request(resource_version=version) for version in range(2, 2 + args.requests * (rounds + 1))]
     workers = [f"w{i}" for i in range(200)]
-    big_services = {"server": {"componentType": "server"}, **{w: {"componentType": "worker", "resources": {"gpu": 1}} for w in workers}}
+    big_services = {
+        "server": {"componentType": "server", "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]},
+        **{w: {"componentType": "worker", "resources": {"gpu": 1}} for w in workers},
+    }
     big = [converged_request(big_services, resource_version=version) for version in range(20)]
+    # Timing a refusal would measure nothing: the graph must render.
+    assert reconcile.sync(parse_request(json.loads(big[0])))["status"]["state"] != "failed"
 
     hooks_port, floor_port = free_port(), free_port()
     hooks = start([str(BIN / "infera-hooks"), "serve", "--bind", f"127.0.0.1:{hooks_port}", "--workers", str(WORKERS)], hooks_port)
