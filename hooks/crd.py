@@ -53,6 +53,9 @@ def _structural(node: Any, definitions: dict[str, Any]) -> Any:
         node.pop("additionalProperties")
     if "default" in node and node["default"] is None:
         node.pop("default")
+    if isinstance(node.get("description"), str):
+        # Docstrings wrap lines; `kubectl explain` wraps them itself.
+        node["description"] = " ".join(node["description"].split())
     return {key: _structural(value, definitions) for key, value in node.items()}
 
 

@@ -75,13 +75,11 @@ DRAIN_ENV = "INFERA_DRAIN_TIMEOUT"
 SELECTOR_ENV = "INFERA_K8S_LABEL_SELECTOR"
 NATS_ENV = "NATS_SERVER"
 
-# vLLM has no --disaggregation-mode: the worker takes its role from kv_role.
-KV_ROLES = {
-    "mixed": ("kv_both",),
-    "prefill": ("kv_producer", "kv_both"),
-    "decode": ("kv_consumer", "kv_both"),
-}
-KV_ROLE_EXAMPLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# vLLM has no --disaggregation-mode: the worker registers in the role its kv_role maps to
+# (infera/engine/vllm/args.py), and the router splits prefill and decode only between workers
+# registered as such: kv_both makes a mixed worker.
+KV_ROLE_REGISTERS = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed"}
+KV_ROLES = {role: tuple(k for k, r in KV_ROLE_REGISTERS.items() if r == role) for role in ("mixed", "prefill", "decode")}
 
 
 def worker_module(idep: InferaDeployment) -> str:
@@ -183,11 +181,13 @@ def field_env(name: str, field_path: str) -> dict:
 
 
 def operator_env(idep: InferaDeployment, process: Process) -> list[dict]:
-    """spec.envs, then what the runtime reads: NATS_SERVER (the NATS clients' fallback when a
-    template's command gives no --nats-server), the pod's identity (a worker patches its own Pod
-    and advertises POD_IP; the server finds its InferaDeployment from its Pod), the routers'
-    selector (read when a template's command gives none) and the workers' model-load budget."""
-    env = [env_var(var) for var in idep.spec.envs or []]
+    """The workers' model-load budget, spec.envs, then what the runtime reads: NATS_SERVER (the
+    NATS clients' fallback when a template's command gives no --nats-server), the pod's identity
+    (a worker patches its own Pod and advertises POD_IP; the server finds its InferaDeployment
+    from its Pod) and the routers' selector (read when a template's command gives none)."""
+    # A default the user may set otherwise, in spec.envs too: first, so a later value wins.
+    env = [{"name": READY_TIMEOUT_ENV, "value": str(MODEL_LOAD_SECONDS)}] if process == Process.WORKER else []
+    env += [env_var(var) for var in idep.spec.envs or []]
     url = nats.client_url(idep)
     if url:
         env.append({"name": NATS_ENV, "value": url})
@@ -198,8 +198,6 @@ def operator_env(idep: InferaDeployment, process: Process) -> list[dict]:
     ]
     if process in ROUTERS and idep.spec.discovery_backend == "kubernetes":
         env.append({"name": SELECTOR_ENV, "value": discovery.label_selector(idep)})
-    if process == Process.WORKER:
-        env.append({"name": READY_TIMEOUT_ENV, "value": str(MODEL_LOAD_SECONDS)})
     return last_wins(env)
 
 
@@ -324,10 +322,21 @@ def _seconds(source: str, raw: str) -> float | None:
     return seconds
 
 
+REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
+
+
+def _expand(text: str, env: list[dict]) -> str:
+    """kubelet's `$(VAR)` expansion of a command-line word, from the literal variables (`$$` is
+    a `$`; a name that is not literal stays as written, so the value stays unknowable here)."""
+    values = {var["name"]: var["value"] for var in env if "value" in var and "valueFrom" not in var}
+    return REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else values.get(m.group(1), m.group(0)), text)
+
+
 def drain_seconds(argv: list[str], env: list[dict]) -> int:
     """The worker's drain timeout: --drain-timeout, else INFERA_DRAIN_TIMEOUT (the flag's default),
     else 30 s; rounded up and clamped to an hour."""
-    for source, raw in (("--drain-timeout", flag_value(argv, "--drain-timeout")), (DRAIN_ENV, _literal_env(env, DRAIN_ENV))):
+    flag = flag_value(argv, "--drain-timeout")
+    for source, raw in (("--drain-timeout", flag and _expand(flag, env)), (DRAIN_ENV, _literal_env(env, DRAIN_ENV))):
         if raw is not None:
             seconds = _seconds(source, raw)
             if seconds is not None:
@@ -353,25 +362,62 @@ def ready_timeout_seconds(env: list[dict]) -> int:
 
 # --- What the entry points refuse at start-up ----------------------------------------------
 
-def check_process(where: str, svc: ServiceSpec, module: str, argv: list[str]) -> None:
-    """Raise SpecError for a command line the runtime would refuse, or that would register the
-    worker in another role than the service's: what the wrapper requires, and the role."""
+# Where each entry point listens when its command gives no --port.
+DEFAULT_PORTS = {SERVER_MODULE: 8000, WORKER_MODULES["sglang"]: 30000, WORKER_MODULES["vllm"]: 8000}
+
+
+def _known(value: str | None) -> bool:
+    """A flag value the hook can read (kubelet or the shell expands a `$` reference later)."""
+    return value is not None and "$" not in value
+
+
+def check_process(where: str, idep: InferaDeployment, svc: ServiceSpec, module: str, argv: list[str], env: list[dict]) -> None:
+    """Raise SpecError for a command line the runtime would refuse at start-up, or that would not
+    work in this graph: the wrapper's required flags, the role, the port, discovery and NATS.
+    The operator's own flags pass by construction; a template's command is the user's."""
+    _check_role(where, svc.role, module, argv)
+    _check_required(where, module, argv)
+    listens = flag_value(argv, "--port")
+    port = int(listens) if _known(listens) and listens.isdigit() else DEFAULT_PORTS.get(module) if listens is None else None
+    if port is not None and port != svc.effective_port:
+        raise SpecError(
+            f"{where}: the command listens on port {port}, but the service's port is {svc.effective_port}: "
+            f"set {where}.port to {port} (its probes, Service and registration follow it)"
+        )
+    _check_discovery(where, idep, module, argv)
+    _check_nats(where, idep, module, argv, env)
+
+
+def _check_required(where: str, module: str, argv: list[str]) -> None:
     if module == SERVER_MODULE and flag_value(argv, "--router-tokenizer-path") is None:
         raise SpecError(
             f"{where}: infera.server requires --router-tokenizer-path (the tokenizer of the served model, "
             "e.g. --router-tokenizer-path Qwen/Qwen3-0.6B): add it to args"
         )
+    if module == WORKER_MODULES["vllm"] and flag_value(argv, "--model") is None:
+        raise SpecError(f"{where}: infera.engine.vllm requires --model (the model to serve): add it to args")
+    if module == WORKER_MODULES["sglang"] and all(flag_value(argv, f) is None for f in ("--model-path", "--model", "--config")):
+        raise SpecError(f"{where}: infera.engine.sglang requires --model-path (the model to serve): add it to args")
+
+
+def _check_role(where: str, role: str, module: str, argv: list[str]) -> None:
+    """The worker must register in its service's role: SGLang's --disaggregation-mode, vLLM's kv_role."""
     if module == WORKER_MODULES["vllm"]:
-        _check_kv_role(where, svc.role, flag_value(argv, "--kv-transfer-config"))
-        if flag_value(argv, "--model") is None:
-            raise SpecError(f"{where}: infera.engine.vllm requires --model (the model to serve): add it to args")
-    if module == WORKER_MODULES["sglang"]:
-        mode = flag_value(argv, "--disaggregation-mode")
-        if "$" not in (mode or "") and (mode or "null") != ("null" if svc.role == "mixed" else svc.role):
-            raise SpecError(
-                f"{where}: --disaggregation-mode {mode} contradicts role {svc.role}: remove it from the command "
-                "(the operator passes the role)"
-            )
+        _check_kv_role(where, role, flag_value(argv, "--kv-transfer-config"))
+    if module != WORKER_MODULES["sglang"]:
+        return
+    mode = flag_value(argv, "--disaggregation-mode")
+    if mode is not None and not _known(mode) or (mode or "null") == ("null" if role == "mixed" else role):
+        return
+    if mode is None:
+        raise SpecError(
+            f"{where}: the command has no --disaggregation-mode, so the worker would serve as a mixed one: "
+            f"add --disaggregation-mode {role}"
+        )
+    raise SpecError(
+        f"{where}: --disaggregation-mode {mode} contradicts role {role}: "
+        + ("remove it" if role == "mixed" else f"use --disaggregation-mode {role}")
+    )
 
 
 def _check_kv_role(where: str, role: str, config: str | None) -> None:
@@ -379,12 +425,10 @@ def _check_kv_role(where: str, role: str, config: str | None) -> None:
     if config is None:
         if role == "mixed":
             return
-        example = json.dumps({"kv_connector": "MooncakeConnector", "kv_role": KV_ROLE_EXAMPLE[role]}, separators=(",", ":"))
-        raise SpecError(
-            f"{where}: {VLLM_ROLE_RULE}, with kv_role {' or '.join(allowed)}, e.g. --kv-transfer-config '{example}'"
-        )
-    if "$" in config:
-        return  # expanded only in the pod
+        example = json.dumps({"kv_connector": "MooncakeConnector", "kv_role": allowed[0]}, separators=(",", ":"))
+        raise SpecError(f"{where}: {VLLM_ROLE_RULE}, with kv_role {allowed[0]}, e.g. --kv-transfer-config '{example}'")
+    if not _known(config):
+        return
     try:
         parsed = json.loads(config)
     except ValueError:
@@ -395,6 +439,44 @@ def _check_kv_role(where: str, role: str, config: str | None) -> None:
     if kv_role in allowed or (kv_role is None and role == "mixed"):
         return
     raise SpecError(
-        f"{where}: --kv-transfer-config has {f'kv_role {kv_role!r}' if kv_role else 'no kv_role'}, which does not "
-        f"make a {role} worker: set kv_role to {' or '.join(allowed)}"
+        f"{where}: --kv-transfer-config has {f'kv_role {kv_role!r}' if kv_role else 'no kv_role'}, with which the "
+        f"worker registers as {KV_ROLE_REGISTERS.get(kv_role, 'mixed')}, not {role}: set kv_role to {' or '.join(allowed)}"
     )
+
+
+def _check_discovery(where: str, idep: InferaDeployment, module: str, argv: list[str]) -> None:
+    backend = flag_value(argv, "--discovery-backend") or "kubernetes"
+    wanted = idep.spec.discovery_backend
+    if not _known(backend):
+        return
+    if backend != wanted:
+        flags = f"--discovery-backend {wanted}" + (f" --etcd-endpoint {idep.spec.etcd_endpoint}" if wanted == "etcd" else "")
+        raise SpecError(f"{where}: the command discovers through {backend}, but discoveryBackend is {wanted}: pass {flags}")
+    if wanted != "etcd":
+        return
+    if flag_value(argv, "--etcd-endpoint") is None:
+        raise SpecError(f"{where}: --discovery-backend etcd needs --etcd-endpoint {idep.spec.etcd_endpoint}")
+    if module in WORKER_MODULES.values() and flag_value(argv, "--advertise-host") is None:
+        raise SpecError(
+            f"{where}: under etcd discovery a worker advertises --host (0.0.0.0) unless told otherwise: "
+            "pass --advertise-host $(POD_IP)"
+        )
+
+
+def _check_nats(where: str, idep: InferaDeployment, module: str, argv: list[str], env: list[dict]) -> None:
+    """Without the managed broker, a process that uses NATS must be told where one is, or it
+    retries nats://127.0.0.1:4222 forever instead of serving."""
+    if idep.spec.nats.deploy or flag_value(argv, "--nats-server") or _literal_env(env, NATS_ENV):
+        return
+    worker = module in WORKER_MODULES.values()
+    uses = []
+    if (flag_value(argv, "--request-transport") or "nats") == "nats":
+        uses.append("--request-transport nats")
+    kv_events = "--no-enable-kv-events" not in argv if worker else (flag_value(argv, "--router-policy") or "kv-aware") == "kv-aware"
+    if kv_events and (flag_value(argv, "--kv-event-transport") or "nats") == "nats":
+        uses.append("--kv-event-transport nats")
+    if uses:
+        raise SpecError(
+            f"{where}: the command uses NATS ({', '.join(uses)}, the runtime's defaults unless set) but nats.deploy "
+            "is false and it names no broker: pass --request-transport http --kv-event-transport zmq, or --nats-server"
+        )

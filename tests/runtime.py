@@ -4,7 +4,9 @@ The runtime is read, never copied: INFERA_SHARED_DIR (default ../shared) must ho
 engines themselves are stood in for, since SGLang and vLLM need GPUs:
 
 - `sglang.srt.server_args.ServerArgs`, whose `add_cli_args` adds every SGLang 0.5.17 option
-  with the value type, nargs and choices recorded in sglang-0.5.17-options.json;
+  with the value type, nargs and choices recorded in sglang-0.5.17-options.json, and what the
+  list does not record of the options the wrapper relies on: `--model-path` is required, and
+  SGLang binds 127.0.0.1:30000 unless told otherwise;
 - `vllm.entrypoints.openai.cli_args.make_arg_parser`, which adds every vLLM 0.25.1 option
   string of vllm-0.25.1-options.json (existence only: each takes at most one value, the
   BooleanOptionalAction `--no-` forms too), with the few the wrapper reads typed as vLLM types
@@ -58,6 +60,9 @@ def _module(name: str, **attributes: Any) -> types.ModuleType:
     return module
 
 
+SGLANG_UNRECORDED = {"--model-path": {"required": True}, "--host": {"default": "127.0.0.1"}, "--port": {"default": 30000}}
+
+
 def _sglang_server_args() -> type:
     actions = json.loads((RUNTIME / "sglang-0.5.17-options.json").read_text())["actions"]
     types_by_name = {"str": str, "int": int, "float": float}
@@ -70,7 +75,7 @@ def _sglang_server_args() -> type:
                 if action.get("nargs") == 0:
                     parser.add_argument(*options, action="store_const", const=True)
                     continue
-                kwargs: dict[str, Any] = {}
+                kwargs: dict[str, Any] = dict(SGLANG_UNRECORDED.get(options[0], {}))
                 if action.get("type") in types_by_name:
                     kwargs["type"] = types_by_name[action["type"]]
                 if action.get("nargs") is not None:

@@ -72,11 +72,15 @@ class Metacontroller:
     def namespace(self) -> str:
         return self.parent["metadata"]["namespace"]
 
+    def claimed(self, child: dict[str, Any]) -> bool:
+        """With a generated selector, Metacontroller claims only children labelled with the
+        parent's uid; it releases the others and never shows them to the hook."""
+        return (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid
+
     def body(self, finalizing: bool = False) -> dict[str, Any]:
         related = list(self.pods.values()) if self._watches_pods() else None
-        return request_body(
-            self.parent, list(self.children.values()), finalizing=finalizing, composite=self.composite, related=related
-        )
+        children = [child for child in self.children.values() if self.claimed(child)]
+        return request_body(self.parent, children, finalizing=finalizing, composite=self.composite, related=related)
 
     def _watches_pods(self) -> bool:
         return "customize" in self.composite["spec"].get("hooks", {})
@@ -205,6 +209,8 @@ class Metacontroller:
                 self.children[key] = self._created(stamped)
                 self.writes.append(("create", *key))
                 continue
+            if not self.claimed(existing):
+                continue  # the create fails with AlreadyExists, which Metacontroller swallows
             # A child adopted from another controller has no record: the merge keeps what it has.
             last_applied = json.loads((existing["metadata"].get("annotations") or {}).get(LAST_APPLIED, "{}"))
             merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
@@ -219,7 +225,7 @@ class Metacontroller:
                     stored["metadata"]["generation"] = existing["metadata"]["generation"] + 1
                 self.children[key] = stored
                 self.writes.append(("update", *key))
-        for key in sorted(set(self.children) - desired_keys):
+        for key in sorted(key for key in set(self.children) - desired_keys if self.claimed(self.children[key])):
             deleted = self.children.pop(key)
             self.writes.append(("delete", *key))
             # Its pods terminate: their deletionTimestamp is when their grace period ends.

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 15
+    assert len(rules) == 16
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -125,6 +125,7 @@ CASES = [
     ("no image anywhere", lambda obj: obj["spec"].pop("image"), api.IMAGE_RULE),
     ("nats name over 52", rename("n" * 48), api.NATS_NAME_RULE),
     ("vLLM prefill without a kv role", vllm_prefill_without_args, api.VLLM_ROLE_RULE),
+    ("frontend port of the worker runtime", spec_change(gaie={**GAIE_ON, "frontendPort": 8801}), api.FRONTEND_PORT_RULE),
 ]
 
 
@@ -141,7 +142,7 @@ def test_admission_and_hook_reject_with_the_same_message(hooks, change: Callable
 
 def test_boundaries_are_accepted(hooks) -> None:
     """Exactly at each limit is fine, for admission and hook alike."""
-    for change in [add_service("w" * 55), rename("n" * 47)]:
+    for change in [add_service("w" * 55, args=["--model-path", "m"]), rename("n" * 47)]:
         obj = parent(PD)
         change(obj)
         assert cel_violations(ROOT, obj) == []

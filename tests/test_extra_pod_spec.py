@@ -276,3 +276,56 @@ def test_upstream_inferadeployment_converges(hooks, name: str, doc: dict[str, An
     mc.converge()
     assert mc.parent["status"]["state"] == "ready", mc.parent["status"]
     assert mc.sync() == []
+
+
+# --- a template's command is checked as the runtime will read it -----------------------------
+
+SGLANG = ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "30000", "--model-path", "/models/q"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "command", "message"),
+    [
+        ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, SGLANG,
+         "services.prefill: the command discovers through kubernetes, but discoveryBackend is etcd: pass "
+         "--discovery-backend etcd --etcd-endpoint etcd:2379"),
+        ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, [*SGLANG, "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"],
+         "services.prefill: under etcd discovery a worker advertises --host (0.0.0.0) unless told otherwise: "
+         "pass --advertise-host $(POD_IP)"),
+        ({"nats": {"deploy": False}}, SGLANG,
+         "services.prefill: the command uses NATS (--request-transport nats, --kv-event-transport nats, the runtime's "
+         "defaults unless set) but nats.deploy is false and it names no broker"),
+        ({"nats": {"deploy": False}}, [*SGLANG, "--request-transport", "http"],
+         "services.prefill: the command uses NATS (--kv-event-transport nats"),
+        ({}, ["python3", "-m", "infera.engine.sglang", "--port", "8080", "--model-path", "/m"],
+         "services.prefill: the command listens on port 8080, but the service's port is 30000: "
+         "set services.prefill.port to 8080"),
+        ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0"],
+         "services.prefill: infera.engine.sglang requires --model-path"),
+    ],
+    ids=["etcd-backend", "etcd-advertise", "nats-off", "nats-off-kv-events", "port", "model"],
+)
+def test_template_commands_must_work_in_their_graph(hooks, spec: dict, command: list[str], message: str) -> None:
+    obj = pd_with("prefill", {"containers": [{"name": "main", "command": command}]}, args=["--disaggregation-mode", "prefill"])
+    obj["spec"].update(spec)
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed" and status["message"].startswith(message), status["message"]
+
+
+def test_a_template_that_says_it_all_is_accepted(hooks) -> None:
+    """etcd, no managed NATS but a broker of its own, a port of its own, the role, in `sh -c`."""
+    script = ("exec python3 -m infera.engine.sglang --host 0.0.0.0 --port 31000 --model-path /m --disaggregation-mode "
+              "prefill --disaggregation-transfer-backend mori --discovery-backend etcd --etcd-endpoint e:1 "
+              "--advertise-host $POD_IP --nats-server nats://nats.shared:4222")
+    obj = pd_with("prefill", {"containers": [{"name": "main", "command": ["/bin/sh", "-c", script]}]}, port=31000)
+    obj["spec"].update(discoveryBackend="etcd", etcdEndpoint="e:1", nats={"deploy": False})
+    obj["spec"]["services"]["prefill"].pop("args")
+    spec = pod(hooks.sync(obj), "qwen-pd-prefill")["spec"]
+    assert spec["containers"][0]["readinessProbe"]["httpGet"]["port"] == 31000
+
+
+def test_a_missing_disaggregation_mode_says_what_to_add(hooks) -> None:
+    obj = pd_with("decode", {"containers": [{"name": "main", "command": SGLANG}]}, args=["--tp-size", "1"])
+    status = hooks.sync(obj)["status"]
+    assert "services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: " \
+           "add --disaggregation-mode decode" in status["message"]

@@ -193,7 +193,8 @@ def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.Monkey
 
 def big_graph(services: int) -> dict[str, Any]:
     obj = parent(PD)
-    workers = {f"w{i}": {"componentType": "worker", "role": "decode", "resources": {"gpu": 1, "memory": "64Gi"}} for i in range(services)}
+    workers = {f"w{i}": {"componentType": "worker", "role": "decode", "resources": {"gpu": 1, "memory": "64Gi"},
+                         "args": ["--model-path", "Qwen/Qwen3-0.6B"]} for i in range(services)}
     obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"], **workers}
     return obj
 

@@ -14,6 +14,7 @@ UPSTREAM = {"app.kubernetes.io/managed-by": "infera-operator"}
 def as_upstream_made(child: dict[str, Any]) -> dict[str, Any]:
     """The child as the upstream operator wrote it: its labels and selectors, no record of ours."""
     made = copy.deepcopy(child)
+    del made["metadata"]["labels"]["controller-uid"]
     made["metadata"]["labels"] |= UPSTREAM
     made["metadata"].get("annotations", {}).pop(LAST_APPLIED, None)
     if child["kind"] in ("Deployment", "StatefulSet"):
@@ -24,11 +25,28 @@ def as_upstream_made(child: dict[str, Any]) -> dict[str, Any]:
     return made
 
 
-def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(hooks) -> None:
+def upstream_graph(hooks) -> Metacontroller:
     mc = Metacontroller(hooks, PD)
     mc.converge()
     mc.mark_ready()
     mc.children = {key: as_upstream_made(child) for key, child in mc.children.items()}
+    return mc
+
+
+def test_unlabelled_children_are_not_taken_over(hooks) -> None:
+    """Why the README's migration labels them first: Metacontroller would not claim them, and
+    creating their namesakes fails, so nothing would change while the old pods keep running."""
+    mc = upstream_graph(hooks)
+    before = copy.deepcopy(mc.children)
+    assert mc.child_writes(mc.sync()) == []
+    assert mc.children == before
+    assert mc.parent["status"]["state"] == "initializing"  # the hook saw no child at all
+
+
+def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(hooks) -> None:
+    mc = upstream_graph(hooks)
+    for child in mc.children.values():  # the README's `kubectl label ... controller-uid=<uid>`
+        child["metadata"]["labels"]["controller-uid"] = mc.uid
     # The first sync lets go of every child whose selector is not its own (the simulator, like
     # the API server, refuses a workload's selector change), and takes over the rest in place.
     writes = mc.child_writes(mc.sync())

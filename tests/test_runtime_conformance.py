@@ -33,28 +33,21 @@ from tests.conftest import REPO, as_vllm, controller_for, need, parent, request_
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 ROUTER_MODULES = (runtime.SERVER, runtime.EPP)
 WORKER_MODULES = (runtime.SGLANG, runtime.VLLM)
-SHELLS = ("sh", "bash")
-
-
-def flag(argv: list[str], name: str) -> str | None:
-    """The last value of `name` in `argv`, as argparse reads it."""
-    value = None
-    for index, word in enumerate(argv):
-        if word == name and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif word.startswith(name + "="):
-            value = word[len(name) + 1 :]
-    return value
+SHELLS = ("sh", "bash", "dash", "ash")
+SHELL_OPERATORS = ("&&", "||", ";", "|", "&")
+# Addresses a process can bind so that its probes, its Service and its peers reach it.
+REACHABLE_BINDS = ("0.0.0.0", "::", "")
 
 
 def process_argv(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
     """The Infera module and its arguments, also inside `sh -c` (with the shell's expansion)."""
-    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and argv[1] == "-c":
+    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and re.fullmatch(r"-[a-z]*c", argv[1]):
         shell_var = re.compile(r"\$\{(\w+)\}|\$(\w+)")
         argv = [shell_var.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word) for word in shlex.split(argv[2])]
     for index in range(len(argv) - 1):
         if argv[index] == "-m" and argv[index + 1] in runtime.PARSERS:
-            return argv[index + 1], argv[index + 2 :]
+            rest = argv[index + 2 :]
+            return argv[index + 1], rest[: next((i for i, w in enumerate(rest) if w in SHELL_OPERATORS), len(rest))]
     return None
 
 
@@ -163,7 +156,19 @@ class Graph:
                 kv_planes.add(process.args.kv_event_transport)
         if len(kv_planes) > 1:
             self.problems.append(f"routers and workers use different KV-event transports: {sorted(kv_planes)}")
+        if (self.spec.get("gaie") or {}).get("enabled"):
+            self.check_gateway()
         return self.problems
+
+    def check_gateway(self) -> None:
+        """One Endpoint Picker, and a frontend in every pod that serves a worker's API."""
+        pickers = [p for p in self.processes if p.module == runtime.EPP]
+        if len(pickers) != 1:
+            self.problems.append(f"{len(pickers)} Endpoint Pickers run, not one")
+        fronted = {p.pod.facts.name for p in self.processes if p.module == runtime.SERVER and p.pod.labels.get("infera.amd.com/component") == "worker"}
+        for pod in self.worker_pods():
+            if pod.facts.lws.get("LWS_WORKER_INDEX", "0") == "0" and pod.facts.name not in fronted:
+                self.problems.append(f"{pod.owner} ({pod.facts.name}) serves a worker without a GAIE frontend")
 
     def check_discovery(self, process: Started) -> None:
         args, backend = process.args, self.spec.get("discoveryBackend", "kubernetes")
@@ -205,15 +210,16 @@ class Graph:
         args, pod = process.args, process.pod
         preflight = runtime.load("infera.common.disagg_preflight")
         role = self.spec["services"].get(process.service, {}).get("role", "mixed")
+        bind = args.server_args.host if process.module == runtime.SGLANG else args.host
+        if bind not in (*REACHABLE_BINDS, pod.facts.ip) and not (process.module == runtime.VLLM and bind is None):
+            self.fail(process, f"binds {bind}: its probes, router and peers cannot reach it")
         if process.module == runtime.SGLANG:
             mode = args.server_args.disaggregation_mode or "null"
             running = "mixed" if mode == "null" else mode
             host = args.server_args.host
         else:
             running, host = args.disagg_mode.value, args.host
-        # vLLM registers kv_both as mixed: such an engine serves either side of a PD pair.
-        kv_config = json.loads(flag(process.argv, "--kv-transfer-config") or "{}")
-        if running != role and not (process.module == runtime.VLLM and kv_config.get("kv_role") == "kv_both"):
+        if running != role:
             self.fail(process, f"registers as {running}, the service is {role}")
         is_disagg = running != "mixed"  # as both wrappers' main() decide it
         # Both wrappers' main(): under Kubernetes discovery the Pod IP is advertised.
@@ -235,7 +241,7 @@ class Graph:
         except preflight.DisaggPreflightError as error:
             self.fail(process, f"refused by the disaggregation preflight: {error}")
         lws = pod.facts.lws
-        if lws and process.module == runtime.SGLANG and (args.server_args.nnodes or 1) > 1:
+        if lws and process.module == runtime.SGLANG:  # every rank must join its group
             server_args = args.server_args
             if (server_args.nnodes, server_args.node_rank) != (int(lws["LWS_GROUP_SIZE"]), int(lws["LWS_WORKER_INDEX"])):
                 self.fail(process, f"rank {server_args.node_rank} of {server_args.nnodes}, not {lws['LWS_WORKER_INDEX']} of {lws['LWS_GROUP_SIZE']}")
@@ -375,13 +381,36 @@ def replace_flags(old: list[str], new: list[str]):
          ["--discovery-backend", "kubernetes", "--disaggregation-mode", "decode"], "unrecognized arguments: --disaggregation-mode"),
         (pd(gaie={**GAIE, "frontendPort": 8100}), "Deployment", "qwen-pd-epp", ["--destination-port", "8100"], [],
          "sends the gateway to port 8000, the pool is on 8100"),
+        (pd(), "Deployment", "qwen-pd-decode", ["--host", "0.0.0.0"], [], "binds 127.0.0.1"),
+        (pd(), "Deployment", "qwen-pd-decode", ["--disaggregation-mode", "decode"], [], "registers as mixed, the service is decode"),
     ],
     ids=["worker-selector", "epp-tokenizer-flag", "etcd-without-backend", "etcd-without-advertise", "nats-off-untold",
-         "vllm-disaggregation-mode", "epp-destination-port"],
+         "vllm-disaggregation-mode", "epp-destination-port", "sglang-default-bind", "sglang-without-role"],
 )
 def test_the_checks_catch_the_defects_the_issue_found(hooks, idep, kind, name, old, new, problem) -> None:
     problems = tampered(hooks, idep, kind, name, replace_flags(old, new))
     assert any(problem in found for found in problems), problems
+
+
+def test_the_checks_catch_a_rank_outside_its_group(hooks) -> None:
+    obj = pd()
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    graph = rendered_graph(hooks, obj)
+    group = graph.by_key[("LeaderWorkerSet", "qwen-pd-decode")]["spec"]["leaderWorkerTemplate"]
+    command = group["workerTemplate"]["spec"]["containers"][0]["command"]
+    del command[command.index("--nnodes"):]
+    problems = Graph(obj, graph.children).check()
+    assert any("qwen-pd-decode-0-1" in p and "rank None of None, not 1 of 2" in p for p in problems), problems
+
+
+def test_the_checks_catch_missing_gateway_processes(hooks) -> None:
+    graph = rendered_graph(hooks, pd(gaie=GAIE))
+    children = [c for c in graph.children if c["metadata"]["name"] != "qwen-pd-epp" or c["kind"] != "Deployment"]
+    decode = next(c for c in children if c["metadata"]["name"] == "qwen-pd-decode")
+    decode["spec"]["template"]["spec"]["containers"].pop()  # the frontend sidecar
+    problems = Graph(graph.idep, children).check()
+    assert "0 Endpoint Pickers run, not one" in problems, problems
+    assert any("qwen-pd-decode" in p and "serves a worker without a GAIE frontend" in p for p in problems), problems
 
 
 def test_the_checks_catch_a_worker_outside_the_selector(hooks) -> None:
@@ -403,6 +432,33 @@ SERVER_ARGS = st.lists(st.sampled_from([["--router-policy", "round-robin"], ["--
 CONNECTORS = st.sampled_from(["MooncakeConnector", "NixlConnector", "MoRIIOConnector"])
 
 
+def as_template(spec: dict[str, Any], service: dict[str, Any], wrapper: str) -> dict[str, Any]:
+    """The service written as the upstream operator's users write it: a full extraPodSpec whose
+    command says everything this graph needs (the operator injects nothing into it)."""
+    worker = service["componentType"] == "worker"
+    module = f"infera.engine.{spec['backendFramework']}" if worker else "infera.server"
+    port = service.get("port", 30000 if worker else 8000)
+    command = ["python3", "-m", module, "--host", "0.0.0.0", "--port", str(port), *service.pop("args")]
+    if spec.get("discoveryBackend") == "etcd":
+        command += ["--discovery-backend", "etcd", "--etcd-endpoint", spec["etcdEndpoint"]]
+        command += ["--advertise-host", "$(POD_IP)" if wrapper != "sh" else "$POD_IP"] if worker else []
+    if not spec["nats"]["deploy"]:
+        command += ["--request-transport", "http", "--kv-event-transport", "zmq"]
+    if worker and spec["backendFramework"] == "sglang":
+        command += ["--disaggregation-mode", service["role"]] if service["role"] != "mixed" else []
+        if service["numberOfNodes"] > 1:
+            index, leader = ("$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)") if wrapper != "sh" else ("$LWS_WORKER_INDEX", "$LWS_LEADER_ADDRESS")
+            command += ["--nnodes", str(service["numberOfNodes"]), "--node-rank", index, "--dist-init-addr", f"{leader}:5000"]
+    if not worker and (spec.get("gaie") or {}).get("enabled"):
+        command += ["--router-mode", "direct"]
+    if wrapper == "infera-exec":
+        command = ["/overlay/bin/infera-exec", *command]
+    elif wrapper == "sh":
+        command = ["/bin/sh", "-c", "exec " + shlex.join(command)]
+    service["extraPodSpec"] = {"containers": [{"name": "main", "image": "vendor/engine:v1", "command": command}]}
+    return service
+
+
 @st.composite
 def graphs(draw: st.DrawFn) -> dict[str, Any]:
     backend = draw(st.sampled_from(["sglang", "vllm"]))
@@ -421,7 +477,7 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
         else:
             args = [*vllm_worker_args("mixed"), *sum(draw(VLLM_ARGS), [])]
             if role != "mixed":
-                kv_role = draw(st.sampled_from([{"prefill": "kv_producer", "decode": "kv_consumer"}[role], "kv_both"]))
+                kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
                 args += ["--kv-transfer-config", json.dumps({"kv_connector": draw(CONNECTORS), "kv_role": kv_role})]
         service: dict[str, Any] = {"componentType": "worker", "role": role, "args": args, "numberOfNodes": nodes,
                                    "replicas": draw(st.integers(0, 3))}
@@ -434,6 +490,10 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
     if not gaie or draw(st.booleans()):
         spec["services"]["router"] = {"componentType": "server", "port": next(ports),
                                       "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B", *sum(draw(SERVER_ARGS), [])]}
+    for service in spec["services"].values():
+        wrapper = draw(st.sampled_from([None, "plain", "infera-exec", "sh"]))
+        if wrapper:
+            as_template(spec, service, wrapper)
     return parent({"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec})
 
 

@@ -95,7 +95,7 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
                                 "--disaggregation-transfer-backend", "mori",
                             ],
                             "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
-                            "env": [{"name": "NATS_SERVER", "value": NATS_URL}, *IDENTITY_ENV, READY_TIMEOUT_ENV],
+                            "env": [READY_TIMEOUT_ENV, {"name": "NATS_SERVER", "value": NATS_URL}, *IDENTITY_ENV],
                             "resources": {
                                 "requests": {"memory": "64Gi", "amd.com/gpu": "1"},
                                 "limits": {"amd.com/gpu": "1"},
@@ -225,7 +225,8 @@ def test_etcd_discovery(hooks) -> None:
     for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
         main = container(answer, name)
         assert "--k8s-label-selector" not in main["command"]
-        assert [v["name"] for v in main["env"]][:4] == ["NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
+        assert [v["name"] for v in main["env"] if v["name"] != "INFERA_ENGINE_READY_TIMEOUT"] == [
+            "NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
         assert "INFERA_K8S_LABEL_SELECTOR" not in [v["name"] for v in main["env"]]
         pod = children_by_key(answer)[("Deployment", name)]["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == "default"  # never dropped: see pods.pod_template
@@ -256,15 +257,18 @@ def test_vllm_backend(hooks) -> None:
     [
         ("prefill", ["--model", "m"], "services.decode: a vLLM prefill or decode worker takes its role from kv_role"),
         ("prefill", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_consumer"}'],
-         "services.decode: --kv-transfer-config has kv_role 'kv_consumer', which does not make a prefill worker: "
-         "set kv_role to kv_producer or kv_both"),
+         "services.decode: --kv-transfer-config has kv_role 'kv_consumer', with which the worker registers as decode, "
+         "not prefill: set kv_role to kv_producer"),
+        # kv_both registers a mixed worker: the router would never split prefill from decode.
+        ("prefill", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_both"}'],
+         "kv_role 'kv_both', with which the worker registers as mixed, not prefill: set kv_role to kv_producer"),
         ("decode", ["--model", "m", "--kv-transfer-config={\"kv_connector\":\"NixlConnector\"}"],
-         "services.decode: --kv-transfer-config has no kv_role, which does not make a decode worker"),
+         "services.decode: --kv-transfer-config has no kv_role, with which the worker registers as mixed, not decode"),
         ("decode", ["--model", "m", "--kv-transfer-config", "kv_role=kv_consumer"],
          "services.decode: --kv-transfer-config must be a JSON object, got 'kv_role=kv_consumer'"),
         ("mixed", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_producer"}'],
-         "does not make a mixed worker: set kv_role to kv_both"),
-        ("decode", ["--kv-transfer-config", '{"kv_role":"kv_both"}'], "services.decode: infera.engine.vllm requires --model"),
+         "registers as prefill, not mixed: set kv_role to kv_both"),
+        ("decode", ["--kv-transfer-config", '{"kv_role":"kv_consumer"}'], "services.decode: infera.engine.vllm requires --model"),
     ],
 )
 def test_vllm_role_comes_from_kv_role(hooks, role: str, args: list[str], message: str) -> None:
@@ -320,6 +324,7 @@ def test_envs_precedence_and_no_empty_values(hooks) -> None:
     obj["spec"]["services"]["decode"]["env"] = [{"name": "SHARED", "value": "decode"}, {"name": "POD_IP", "value": "10.0.0.1"}]
     env = container(hooks.sync(obj), "qwen-pd-decode")["env"]
     assert env == [
+        READY_TIMEOUT_ENV,
         {"name": "HF_HOME", "value": "/models"},
         {"name": "SHARED", "value": "decode"},
         {"name": "EMPTY"},
@@ -327,7 +332,6 @@ def test_envs_precedence_and_no_empty_values(hooks) -> None:
         IDENTITY_ENV[0],
         IDENTITY_ENV[1],
         {"name": "POD_IP", "value": "10.0.0.1"},
-        READY_TIMEOUT_ENV,
     ]
 
 
@@ -340,12 +344,16 @@ def test_envs_precedence_and_no_empty_values(hooks) -> None:
         ([], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 185),
         (["--drain-timeout", "200"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 265),  # the flag wins
         (["--drain-timeout", "1e9"], [], 3665),  # clamped to an hour
-        (["--drain-timeout", "$(DRAIN)"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}], 155),  # unknowable here
+        # As kubelet expands it; a value from a ConfigMap is unknowable here, and the variable then counts.
+        (["--drain-timeout", "$(DRAIN)"], [{"name": "DRAIN", "value": "900"}, {"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}], 965),
+        (["--drain-timeout", "$(DRAIN)"], [{"name": "DRAIN", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+                                           {"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}], 155),
     ],
 )
 def test_grace_period_covers_the_drain(hooks, args: list[str], env: list[dict], grace: int) -> None:
     obj = pd_parent()
-    obj["spec"]["services"]["decode"].update(args=args, env=env)
+    obj["spec"]["services"]["decode"]["args"] += args
+    obj["spec"]["services"]["decode"]["env"] = env
     pod = children_by_key(hooks.sync(obj))[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == grace
 

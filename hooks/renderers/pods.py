@@ -110,7 +110,7 @@ def frontend_sidecar(idep: InferaDeployment) -> dict:
     }
 
 
-def _complete_primary(service: str, svc: ServiceSpec, spec: dict, leader: bool) -> None:
+def _complete_primary(idep: InferaDeployment, service: str, svc: ServiceSpec, spec: dict, leader: bool) -> None:
     """What the primary container (rendered, or the template's) must have and does not set:
     probes, the worker's preStop delay and a grace period its drain fits in. Its command line is
     checked against what the runtime refuses."""
@@ -119,7 +119,7 @@ def _complete_primary(service: str, svc: ServiceSpec, spec: dict, leader: bool) 
     argv = started[1] if started else []
     env = primary.get("env") or []
     if started:
-        runtime.check_process(f"services.{service}", svc, *started)
+        runtime.check_process(f"services.{service}", idep, svc, *started, env)
     port = svc.effective_port
     if not svc.is_worker:
         if not svc.skip_readiness_probe:
@@ -156,5 +156,5 @@ def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader:
     if svc.extra_pod_spec is not None:
         where = f"services.{service}.extraPodSpec"
         spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
-    _complete_primary(service, svc, spec, leader)
+    _complete_primary(idep, service, svc, spec, leader)
     return {"metadata": metadata, "spec": spec}
