@@ -31,9 +31,6 @@ DEFAULT_GPU_TYPE = "amd.com/gpu"
 DEFAULT_SERVER_PORT = 8000
 DEFAULT_WORKER_PORT = 30000
 DEFAULT_FRONTEND_PORT = 8000
-# Ports the worker runtime binds in its own pod by default, which the GAIE frontend sidecar
-# shares: the multi-node rendezvous, KV events (ZMQ), the KV snapshot server, the PD bootstrap.
-WORKER_POD_PORTS = (5000, 5557, 8801, 8998)
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -87,10 +84,6 @@ GAIE_NAME_RULE = (
     f"(the Endpoint Picker Service <metadata.name>-epp must fit in {MAX_CHILD_NAME})"
 )
 GAIE_IMAGE_RULE = "gaie.enabled needs an image for the Endpoint Picker and frontend sidecar: set gaie.eppImage or spec.image"
-FRONTEND_PORT_RULE = (
-    "gaie.frontendPort must not be a port the worker runtime uses in the same pod "
-    f"({', '.join(map(str, WORKER_POD_PORTS))}: rendezvous, KV events, KV snapshot, PD bootstrap): choose another"
-)
 VLLM_ROLE_RULE = (
     "a vLLM prefill or decode worker takes its role from kv_role in --kv-transfer-config (vLLM has no "
     "--disaggregation-mode): pass --kv-transfer-config in its args or its extraPodSpec command"
@@ -232,8 +225,7 @@ class GaieSpec(ApiModel):
     sidecar in every worker pod."""
 
     model_config = with_validations(
-        cel("!has(self.enabled) || !self.enabled || (has(self.tokenizerPath) && has(self.gatewayName))", GAIE_REQUIRED_RULE),
-        cel(f"!has(self.frontendPort) || !(self.frontendPort in {list(WORKER_POD_PORTS)})", FRONTEND_PORT_RULE),
+        cel("!has(self.enabled) || !self.enabled || (has(self.tokenizerPath) && has(self.gatewayName))", GAIE_REQUIRED_RULE)
     )
 
     enabled: bool = False
@@ -455,8 +447,6 @@ class InferaDeploymentSpec(ApiModel):
             raise ValueError(GAIE_REQUIRED_RULE)
         if not (self.gaie.epp_image or self.image):
             raise ValueError(GAIE_IMAGE_RULE)
-        if self.gaie.frontend_port in WORKER_POD_PORTS:
-            raise ValueError(FRONTEND_PORT_RULE)
         for name, service in sorted(self.services.items()):
             if service.is_worker and service.effective_port == self.gaie.frontend_port:
                 raise ValueError(

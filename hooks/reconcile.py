@@ -5,7 +5,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hooks import status
+from hooks import preflight, status
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
@@ -70,6 +70,7 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
             # Without its gateway objects, GAIE would only half-convert the graph (sidecars
             # rolled into every GPU pod, a router in direct mode): keep the graph as without it.
             children = render_children(gaie.without_gateway(idep)) + gaie.render(idep)
+        preflight.check_graph(idep, children)
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.children)
     except SpecError as error:

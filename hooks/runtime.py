@@ -17,14 +17,12 @@ spelled out: etcd discovery needs `--discovery-backend etcd`, and without the ma
 process told nothing would retry 127.0.0.1:4222 forever instead of serving.
 """
 
-import json
 import math
 import re
-import shlex
 from enum import StrEnum
 from typing import Any
 
-from hooks.api import VLLM_ROLE_RULE, InferaDeployment, ServiceSpec, SpecError
+from hooks.api import InferaDeployment, ServiceSpec, SpecError
 from hooks.renderers import discovery, nats
 
 
@@ -75,11 +73,6 @@ DRAIN_ENV = "INFERA_DRAIN_TIMEOUT"
 SELECTOR_ENV = "INFERA_K8S_LABEL_SELECTOR"
 NATS_ENV = "NATS_SERVER"
 
-# vLLM has no --disaggregation-mode: the worker registers in the role its kv_role maps to
-# (infera/engine/vllm/args.py), and the router splits prefill and decode only between workers
-# registered as such: kv_both makes a mixed worker.
-KV_ROLE_REGISTERS = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed"}
-KV_ROLES = {role: tuple(k for k, r in KV_ROLE_REGISTERS.items() if r == role) for role in ("mixed", "prefill", "decode")}
 
 
 def worker_module(idep: InferaDeployment) -> str:
@@ -263,35 +256,7 @@ def prestop() -> dict:
     return {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}
 
 
-# --- Reading a container's command line as the process will see it ------------------------
-
-SHELLS = ("sh", "bash", "dash", "ash")
-SHELL_OPERATORS = ("&&", "||", ";", "|", "&")
-MODULES = (SERVER_MODULE, EPP_MODULE, *WORKER_MODULES.values())
-
-
-def _shell_words(argv: list[str]) -> list[str]:
-    """`sh -c '<script>'` as words (upstream's multi-node recipe wraps its command so); a
-    script that does not split is left as written."""
-    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and re.fullmatch(r"-[a-z]*c", argv[1]):
-        try:
-            return shlex.split(argv[2])
-        except ValueError:
-            return argv
-    return argv
-
-
-def entry_point(container: dict) -> tuple[str, list[str]] | None:
-    """The Infera module a container runs and the arguments it gets, wherever it starts in the
-    command (after a wrapper such as infera-exec, or inside `sh -c`); None for anything else."""
-    words = _shell_words(list(container.get("command") or []) + list(container.get("args") or []))
-    for index in range(len(words) - 1):
-        if words[index] == "-m" and words[index + 1] in MODULES:
-            rest = words[index + 2 :]
-            end = next((i for i, word in enumerate(rest) if word in SHELL_OPERATORS), len(rest))
-            return words[index + 1], rest[:end]
-    return None
-
+# --- Values the runtime reads from a command line and environment ---------------------------
 
 def flag_value(args: list[str], flag: str) -> str | None:
     """The value argparse would see for `flag` (the last occurrence wins)."""
@@ -325,10 +290,14 @@ def _seconds(source: str, raw: str) -> float | None:
 REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
 
 
-def _expand(text: str, env: list[dict]) -> str:
-    """kubelet's `$(VAR)` expansion of a command-line word, from the literal variables (`$$` is
-    a `$`; a name that is not literal stays as written, so the value stays unknowable here)."""
-    values = {var["name"]: var["value"] for var in env if "value" in var and "valueFrom" not in var}
+def literal_values(env: list[dict]) -> dict[str, str]:
+    """The variables whose value is written out (a valueFrom is resolved only by kubelet)."""
+    return {var["name"]: var["value"] for var in env if "value" in var and "valueFrom" not in var}
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    """kubelet's `$(VAR)` expansion of a command-line word: `$$` is a `$`, and a name without a
+    known value stays as written (so the word stays unknowable here)."""
     return REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else values.get(m.group(1), m.group(0)), text)
 
 
@@ -336,7 +305,7 @@ def drain_seconds(argv: list[str], env: list[dict]) -> int:
     """The worker's drain timeout: --drain-timeout, else INFERA_DRAIN_TIMEOUT (the flag's default),
     else 30 s; rounded up and clamped to an hour."""
     flag = flag_value(argv, "--drain-timeout")
-    for source, raw in (("--drain-timeout", flag and _expand(flag, env)), (DRAIN_ENV, _literal_env(env, DRAIN_ENV))):
+    for source, raw in (("--drain-timeout", flag and expand(flag, literal_values(env))), (DRAIN_ENV, _literal_env(env, DRAIN_ENV))):
         if raw is not None:
             seconds = _seconds(source, raw)
             if seconds is not None:
@@ -358,125 +327,3 @@ def ready_timeout_seconds(env: list[dict]) -> int:
     except ValueError:
         return MODEL_LOAD_SECONDS
     return math.ceil(seconds) if math.isfinite(seconds) and seconds > 0 else MODEL_LOAD_SECONDS
-
-
-# --- What the entry points refuse at start-up ----------------------------------------------
-
-# Where each entry point listens when its command gives no --port.
-DEFAULT_PORTS = {SERVER_MODULE: 8000, WORKER_MODULES["sglang"]: 30000, WORKER_MODULES["vllm"]: 8000}
-
-
-def _known(value: str | None) -> bool:
-    """A flag value the hook can read (kubelet or the shell expands a `$` reference later)."""
-    return value is not None and "$" not in value
-
-
-def check_process(where: str, idep: InferaDeployment, svc: ServiceSpec, module: str, argv: list[str], env: list[dict]) -> None:
-    """Raise SpecError for a command line the runtime would refuse at start-up, or that would not
-    work in this graph: the wrapper's required flags, the role, the port, discovery and NATS.
-    The operator's own flags pass by construction; a template's command is the user's."""
-    _check_role(where, svc.role, module, argv)
-    _check_required(where, module, argv)
-    listens = flag_value(argv, "--port")
-    port = int(listens) if _known(listens) and listens.isdigit() else DEFAULT_PORTS.get(module) if listens is None else None
-    if port is not None and port != svc.effective_port:
-        raise SpecError(
-            f"{where}: the command listens on port {port}, but the service's port is {svc.effective_port}: "
-            f"set {where}.port to {port} (its probes, Service and registration follow it)"
-        )
-    _check_discovery(where, idep, module, argv)
-    _check_nats(where, idep, module, argv, env)
-
-
-def _check_required(where: str, module: str, argv: list[str]) -> None:
-    if module == SERVER_MODULE and flag_value(argv, "--router-tokenizer-path") is None:
-        raise SpecError(
-            f"{where}: infera.server requires --router-tokenizer-path (the tokenizer of the served model, "
-            "e.g. --router-tokenizer-path Qwen/Qwen3-0.6B): add it to args"
-        )
-    if module == WORKER_MODULES["vllm"] and flag_value(argv, "--model") is None:
-        raise SpecError(f"{where}: infera.engine.vllm requires --model (the model to serve): add it to args")
-    if module == WORKER_MODULES["sglang"] and all(flag_value(argv, f) is None for f in ("--model-path", "--model", "--config")):
-        raise SpecError(f"{where}: infera.engine.sglang requires --model-path (the model to serve): add it to args")
-
-
-def _check_role(where: str, role: str, module: str, argv: list[str]) -> None:
-    """The worker must register in its service's role: SGLang's --disaggregation-mode, vLLM's kv_role."""
-    if module == WORKER_MODULES["vllm"]:
-        _check_kv_role(where, role, flag_value(argv, "--kv-transfer-config"))
-    if module != WORKER_MODULES["sglang"]:
-        return
-    mode = flag_value(argv, "--disaggregation-mode")
-    if mode is not None and not _known(mode) or (mode or "null") == ("null" if role == "mixed" else role):
-        return
-    if mode is None:
-        raise SpecError(
-            f"{where}: the command has no --disaggregation-mode, so the worker would serve as a mixed one: "
-            f"add --disaggregation-mode {role}"
-        )
-    raise SpecError(
-        f"{where}: --disaggregation-mode {mode} contradicts role {role}: "
-        + ("remove it" if role == "mixed" else f"use --disaggregation-mode {role}")
-    )
-
-
-def _check_kv_role(where: str, role: str, config: str | None) -> None:
-    allowed = KV_ROLES[role]
-    if config is None:
-        if role == "mixed":
-            return
-        example = json.dumps({"kv_connector": "MooncakeConnector", "kv_role": allowed[0]}, separators=(",", ":"))
-        raise SpecError(f"{where}: {VLLM_ROLE_RULE}, with kv_role {allowed[0]}, e.g. --kv-transfer-config '{example}'")
-    if not _known(config):
-        return
-    try:
-        parsed = json.loads(config)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise SpecError(f"{where}: --kv-transfer-config must be a JSON object, got {config!r}")
-    kv_role = parsed.get("kv_role")
-    if kv_role in allowed or (kv_role is None and role == "mixed"):
-        return
-    raise SpecError(
-        f"{where}: --kv-transfer-config has {f'kv_role {kv_role!r}' if kv_role else 'no kv_role'}, with which the "
-        f"worker registers as {KV_ROLE_REGISTERS.get(kv_role, 'mixed')}, not {role}: set kv_role to {' or '.join(allowed)}"
-    )
-
-
-def _check_discovery(where: str, idep: InferaDeployment, module: str, argv: list[str]) -> None:
-    backend = flag_value(argv, "--discovery-backend") or "kubernetes"
-    wanted = idep.spec.discovery_backend
-    if not _known(backend):
-        return
-    if backend != wanted:
-        flags = f"--discovery-backend {wanted}" + (f" --etcd-endpoint {idep.spec.etcd_endpoint}" if wanted == "etcd" else "")
-        raise SpecError(f"{where}: the command discovers through {backend}, but discoveryBackend is {wanted}: pass {flags}")
-    if wanted != "etcd":
-        return
-    if flag_value(argv, "--etcd-endpoint") is None:
-        raise SpecError(f"{where}: --discovery-backend etcd needs --etcd-endpoint {idep.spec.etcd_endpoint}")
-    if module in WORKER_MODULES.values() and flag_value(argv, "--advertise-host") is None:
-        raise SpecError(
-            f"{where}: under etcd discovery a worker advertises --host (0.0.0.0) unless told otherwise: "
-            "pass --advertise-host $(POD_IP)"
-        )
-
-
-def _check_nats(where: str, idep: InferaDeployment, module: str, argv: list[str], env: list[dict]) -> None:
-    """Without the managed broker, a process that uses NATS must be told where one is, or it
-    retries nats://127.0.0.1:4222 forever instead of serving."""
-    if idep.spec.nats.deploy or flag_value(argv, "--nats-server") or _literal_env(env, NATS_ENV):
-        return
-    worker = module in WORKER_MODULES.values()
-    uses = []
-    if (flag_value(argv, "--request-transport") or "nats") == "nats":
-        uses.append("--request-transport nats")
-    kv_events = "--no-enable-kv-events" not in argv if worker else (flag_value(argv, "--router-policy") or "kv-aware") == "kv-aware"
-    if kv_events and (flag_value(argv, "--kv-event-transport") or "nats") == "nats":
-        uses.append("--kv-event-transport nats")
-    if uses:
-        raise SpecError(
-            f"{where}: the command uses NATS ({', '.join(uses)}, the runtime's defaults unless set) but nats.deploy "
-            "is false and it names no broker: pass --request-transport http --kv-event-transport zmq, or --nats-server"
-        )

@@ -8,8 +8,13 @@ container's environment and the argv its process is started with.
   unknown name left as written (kubelet's rules, k8s.io/kubernetes/third_party/forked/golang/expansion).
 """
 
+import json
 import re
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
@@ -72,6 +77,30 @@ def container_env(container: dict[str, Any], pod: PodFacts, labels: dict[str, st
 
 def container_argv(container: dict[str, Any], env: dict[str, str]) -> list[str]:
     return [expand(part, env) for part in list(container.get("command") or []) + list(container.get("args") or [])]
+
+
+SHELLS = ("sh", "bash", "dash", "ash")
+# Stands for python3 on a shell's PATH: records the argv it is started with, one JSON line each.
+RECORDER = f"#!{sys.executable}\nimport json, os, sys\nopen(os.environ['ARGV_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+
+
+def python_argvs(argv: list[str], env: dict[str, str]) -> list[list[str]]:
+    """The arguments `python3` gets when kubelet starts `argv`: for `sh -c '<script>' ...` the
+    real shell runs the script (with `python3` recording its arguments instead of running), so
+    quoting, variables, `"$@"` and `exec` are the shell's own; otherwise `argv` itself."""
+    if not (len(argv) >= 2 and argv[0].rsplit("/", 1)[-1] in SHELLS):
+        return [argv]
+    with tempfile.TemporaryDirectory() as scratch:
+        stub = Path(scratch) / "python3"
+        stub.write_text(RECORDER)
+        stub.chmod(0o755)
+        log = Path(scratch) / "argv.log"
+        log.touch()
+        shell_env = {**env, "PATH": scratch, "ARGV_LOG": str(log)}
+        shell = Path("/bin") / argv[0].rsplit("/", 1)[-1]
+        subprocess.run([str(shell if shell.exists() else "/bin/sh"), *argv[1:]], env=shell_env, cwd=scratch,
+                       capture_output=True, timeout=10, check=False)
+        return [["python3", *json.loads(line)] for line in log.read_text().splitlines()]
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ engines themselves are stood in for, since SGLang and vLLM need GPUs:
 
 - `sglang.srt.server_args.ServerArgs`, whose `add_cli_args` adds every SGLang 0.5.17 option
   with the value type, nargs and choices recorded in sglang-0.5.17-options.json, and what the
-  list does not record of the options the wrapper relies on: `--model-path` is required, and
-  SGLang binds 127.0.0.1:30000 unless told otherwise;
+  list does not record of the options the wrapper relies on: `--model-path` is required, SGLang
+  binds 127.0.0.1:30000 unless told otherwise, and a prefill engine's bootstrap server 8998;
 - `vllm.entrypoints.openai.cli_args.make_arg_parser`, which adds every vLLM 0.25.1 option
   string of vllm-0.25.1-options.json (existence only: each takes at most one value, the
   BooleanOptionalAction `--no-` forms too), with the few the wrapper reads typed as vLLM types
@@ -60,7 +60,12 @@ def _module(name: str, **attributes: Any) -> types.ModuleType:
     return module
 
 
-SGLANG_UNRECORDED = {"--model-path": {"required": True}, "--host": {"default": "127.0.0.1"}, "--port": {"default": 30000}}
+SGLANG_UNRECORDED = {
+    "--model-path": {"required": True},
+    "--host": {"default": "127.0.0.1"},
+    "--port": {"default": 30000},
+    "--disaggregation-bootstrap-port": {"default": 8998},
+}
 
 
 def _sglang_server_args() -> type:

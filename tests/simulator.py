@@ -74,8 +74,34 @@ class Metacontroller:
 
     def claimed(self, child: dict[str, Any]) -> bool:
         """With a generated selector, Metacontroller claims only children labelled with the
-        parent's uid; it releases the others and never shows them to the hook."""
-        return (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid
+        parent's uid (and owned by it, or by nobody); it never shows the others to the hook."""
+        return (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid and all(
+            ref.get("uid") == self.uid for ref in child["metadata"].get("ownerReferences") or [] if ref.get("controller")
+        )
+
+    def _claim(self) -> None:
+        """Metacontroller's ClaimChildren before each call: a child it owns whose labels do not
+        match is released (its owner reference removed), an orphan that matches is adopted."""
+        for key, child in self.children.items():
+            metadata = child["metadata"]
+            owner = next((ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")), None)
+            matches = (metadata.get("labels") or {}).get("controller-uid") == self.uid
+            if owner and owner.get("uid") == self.uid and not matches:
+                metadata["ownerReferences"] = [ref for ref in metadata["ownerReferences"] if ref is not owner]
+                self.writes.append(("release", *key))
+            elif owner is None and matches:
+                metadata["ownerReferences"] = [*(metadata.get("ownerReferences") or []), self._owner_reference()]
+                self.writes.append(("adopt", *key))
+
+    def _owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.parent["apiVersion"],
+            "kind": self.parent["kind"],
+            "name": self.parent["metadata"]["name"],
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
     def body(self, finalizing: bool = False) -> dict[str, Any]:
         related = list(self.pods.values()) if self._watches_pods() else None
@@ -128,6 +154,7 @@ class Metacontroller:
         # The API server stamps the deletion request on the parent.
         self.parent["metadata"].setdefault("deletionTimestamp", _now(0))
         start = len(self.writes)
+        self._claim()
         self.finalize_calls += 1
         answer = self.client.hook("/finalize", self.body(finalizing=True))
         self.last_answer = answer
@@ -145,6 +172,7 @@ class Metacontroller:
     def sync(self) -> list[Write]:
         """One sync call; returns the writes it caused."""
         start = len(self.writes)
+        self._claim()
         answer = self.client.hook("/sync", self.body())
         self.last_answer = answer
         self._apply(answer["children"])
@@ -239,16 +267,7 @@ class Metacontroller:
         metadata = stored["metadata"]
         metadata.setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
         metadata.update(uid=f"child-{next(self._uids)}", resourceVersion=str(next(self._versions)), generation=1)
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": self.parent["apiVersion"],
-                "kind": self.parent["kind"],
-                "name": self.parent["metadata"]["name"],
-                "uid": self.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        metadata["ownerReferences"] = [self._owner_reference()]
         return stored
 
     def _write_status(self, status: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
 """extraPodSpec both ways (full template, partial overlay) and the upstream operator's corpus."""
 
 import copy
+import shlex
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, SHARED, need, need_schemas, parent, upstream_corpus
+from tests.conftest import REPO, SHARED, as_vllm, controller, need, need_schemas, parent, request_body, upstream_corpus
 from tests.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
@@ -33,7 +34,7 @@ FULL_WORKER = {
         {
             "name": "main",
             "image": "vendor/sglang:v1",
-            "command": ["python3", "-m", "infera.engine.sglang", "--port", "30000", "--model-path", "/models/q",
+            "command": ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "30000", "--model-path", "/models/q",
                         "--disaggregation-mode", "decode"],
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -290,14 +291,14 @@ SGLANG = ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port"
          "services.prefill: the command discovers through kubernetes, but discoveryBackend is etcd: pass "
          "--discovery-backend etcd --etcd-endpoint etcd:2379"),
         ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, [*SGLANG, "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"],
-         "services.prefill: under etcd discovery a worker advertises --host (0.0.0.0) unless told otherwise: "
+         "services.prefill: under etcd discovery a worker registers its --host (0.0.0.0) unless told otherwise: "
          "pass --advertise-host $(POD_IP)"),
         ({"nats": {"deploy": False}}, SGLANG,
          "services.prefill: the command uses NATS (--request-transport nats, --kv-event-transport nats, the runtime's "
          "defaults unless set) but nats.deploy is false and it names no broker"),
         ({"nats": {"deploy": False}}, [*SGLANG, "--request-transport", "http"],
          "services.prefill: the command uses NATS (--kv-event-transport nats"),
-        ({}, ["python3", "-m", "infera.engine.sglang", "--port", "8080", "--model-path", "/m"],
+        ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "8080", "--model-path", "/m"],
          "services.prefill: the command listens on port 8080, but the service's port is 30000: "
          "set services.prefill.port to 8080"),
         ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0"],
@@ -316,7 +317,7 @@ def test_a_template_that_says_it_all_is_accepted(hooks) -> None:
     """etcd, no managed NATS but a broker of its own, a port of its own, the role, in `sh -c`."""
     script = ("exec python3 -m infera.engine.sglang --host 0.0.0.0 --port 31000 --model-path /m --disaggregation-mode "
               "prefill --disaggregation-transfer-backend mori --discovery-backend etcd --etcd-endpoint e:1 "
-              "--advertise-host $POD_IP --nats-server nats://nats.shared:4222")
+              "--advertise-host $POD_IP --nats-server nats://nats.shared:4222 --kv-event-transport zmq")
     obj = pd_with("prefill", {"containers": [{"name": "main", "command": ["/bin/sh", "-c", script]}]}, port=31000)
     obj["spec"].update(discoveryBackend="etcd", etcdEndpoint="e:1", nats={"deploy": False})
     obj["spec"]["services"]["prefill"].pop("args")
@@ -329,3 +330,89 @@ def test_a_missing_disaggregation_mode_says_what_to_add(hooks) -> None:
     status = hooks.sync(obj)["status"]
     assert "services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: " \
            "add --disaggregation-mode decode" in status["message"]
+
+
+def worker_template(command: list[str], **container: Any) -> dict[str, Any]:
+    return {"containers": [{"name": "main", "command": command, **container}]}
+
+
+SGLANG_PREFILL = [*SGLANG, "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mori"]
+NATS_FROM_SECRET = {"name": "NATS_SERVER", "valueFrom": {"secretKeyRef": {"name": "nats", "key": "url"}}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "template"),
+    [
+        # A broker of one's own, named where the runtime reads it (NATS_SERVER), from a Secret.
+        ({"nats": {"deploy": False}}, worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"], env=[NATS_FROM_SECRET])),
+        ({"nats": {"deploy": False}},
+         worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"], envFrom=[{"secretRef": {"name": "engine"}}])),
+        # Flags passed to the script as its arguments, or in a variable the hook cannot read.
+        ({}, worker_template(["/bin/sh", "-c", 'exec python3 -m infera.engine.sglang "$@"', "--", *SGLANG_PREFILL[3:]])),
+        ({}, worker_template(["/bin/sh", "-c", "exec python3 -m infera.engine.sglang $ENGINE_ARGS"],
+                             env=[{"name": "ENGINE_ARGS", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}])),
+        # What follows the engine's command line in the script is not its flags.
+        ({}, worker_template(["/bin/sh", "-ec", "python3 -m infera.engine.sglang " + " ".join(SGLANG_PREFILL[3:]) + "\necho --port 1"])),
+        # Under etcd, a worker bound to its Pod IP registers it.
+        ({"discoveryBackend": "etcd", "etcdEndpoint": "e:1"},
+         worker_template([*SGLANG_PREFILL[:4], "$(POD_IP)", *SGLANG_PREFILL[5:], "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"])),
+        # kubelet expands a literal variable before the process sees it.
+        ({}, worker_template([*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "30000"}])),
+    ],
+    ids=["nats-from-secret", "nats-from-envfrom", "script-arguments", "opaque-variable", "script-lines", "etcd-pod-ip-host",
+         "expanded-port"],
+)
+def test_templates_that_work_are_accepted(hooks, spec: dict, template: dict) -> None:
+    obj = pd_with("prefill", template)
+    obj["spec"]["services"]["prefill"].pop("args")
+    obj["spec"].update(spec)
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "initializing", status["message"]
+
+
+@pytest.mark.parametrize(
+    ("template", "fields", "message"),
+    [
+        (worker_template([*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "8080"}]), {},
+         "services.prefill: the command listens on port 8080"),
+        (worker_template([*SGLANG_PREFILL, "--k8s-label-selector", "a=b", "--router-policy=kv-aware"]), {},
+         "services.prefill: --k8s-label-selector, --router-policy belong to the router; infera.engine.sglang exits on them"),
+        (worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"]), {},
+         "the graph's processes do not share one KV-event plane: services.decode (infera) uses nats, "
+         "services.prefill (main) uses zmq"),
+        (worker_template(SGLANG_PREFILL), {"numberOfNodes": 2},
+         "services.prefill: a rank of a 2-node group needs --nnodes, --node-rank, --dist-init-addr"),
+    ],
+    ids=["expanded-port", "router-flags", "kv-plane", "rendezvous"],
+)
+def test_templates_that_would_fail_are_refused(hooks, template: dict, fields: dict, message: str) -> None:
+    obj = pd_with("prefill", template, **fields)
+    obj["spec"]["services"]["prefill"].pop("args")
+    status = hooks.hook("/sync", request_body(obj, composite=controller("lws")))["status"]
+    assert status["state"] == "failed" and message in status["message"], status["message"]
+
+
+def test_a_worker_without_probes_listens_where_it_likes(hooks) -> None:
+    """It registers the port it listens on, and has no Service: nothing to miss."""
+    obj = pd_with("prefill", worker_template([*SGLANG_PREFILL[:6], "31000", *SGLANG_PREFILL[7:]]), skipReadinessProbe=True)
+    obj["spec"]["services"]["prefill"].pop("args")
+    assert hooks.sync(obj)["status"]["state"] == "initializing"
+
+
+def test_the_vllm_multi_node_recipe_is_accepted(hooks) -> None:
+    """README: a Ray head and workers, each template's command given by a patch."""
+    need_schemas()
+    obj = as_vllm(parent(PD))
+    decode = obj["spec"]["services"]["decode"]
+    decode["numberOfNodes"] = 2
+    model_args = decode.pop("args")
+    group = "/spec/leaderWorkerTemplate"
+    head = ("ray start --head --port=6379 && exec python3 -m infera.engine.vllm --host 0.0.0.0 --port 30000 "
+            + " ".join(shlex.quote(a) for a in model_args) + " --tensor-parallel-size 16 --distributed-executor-backend ray")
+    obj["spec"]["patches"] = [{"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"}, "patch": [
+        {"op": "replace", "path": f"{group}/leaderTemplate/spec/containers/0/command", "value": ["/bin/sh", "-c", head]},
+        {"op": "replace", "path": f"{group}/workerTemplate/spec/containers/0/command",
+         "value": ["/bin/sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"]},
+    ]}]
+    answer = hooks.hook("/sync", request_body(obj, composite=controller("lws")))
+    assert answer["status"]["state"] == "initializing", answer["status"]["message"]

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, SHARED, controller, load_yaml, need, need_schemas, parent, request_body
+from tests.conftest import REPO, SHARED, as_vllm, controller, load_yaml, need, need_schemas, parent, request_body
 from tests.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
@@ -239,3 +239,13 @@ def test_a_stale_acceptance_does_not_count(hooks) -> None:
     mc.children[("HTTPRoute", "qwen-pd-route")]["metadata"]["generation"] = 2  # edited; the gateway has not caught up
     mc.converge()
     assert mc.parent["status"]["gaie"]["httpRouteAccepted"] is False
+
+
+def test_frontend_port_must_not_be_one_the_worker_binds(hooks) -> None:
+    """The sidecar shares the worker's network: SGLang's KV snapshot server binds 8801 by default."""
+    status = sync(hooks, gaie_pd(frontendPort=8801))["status"]
+    assert status["state"] == "failed"
+    assert ("services.decode: containers infera and infera-frontend would both listen on port 8801 in one pod: "
+            "choose another gaie.frontendPort") in status["message"]
+    # vLLM binds no such port: the same frontendPort is fine there.
+    assert sync(hooks, as_vllm(gaie_pd(frontendPort=8801)))["status"]["state"] == "initializing"

@@ -33,14 +33,18 @@ def upstream_graph(hooks) -> Metacontroller:
     return mc
 
 
-def test_unlabelled_children_are_not_taken_over(hooks) -> None:
-    """Why the README's migration labels them first: Metacontroller would not claim them, and
-    creating their namesakes fails, so nothing would change while the old pods keep running."""
+def test_unlabelled_children_are_released_not_taken_over(hooks) -> None:
+    """Why the README's migration labels them first: Metacontroller releases them (they would no
+    longer go with the InferaDeployment), creating their namesakes fails, and the old pods keep
+    running untracked."""
     mc = upstream_graph(hooks)
-    before = copy.deepcopy(mc.children)
-    assert mc.child_writes(mc.sync()) == []
-    assert mc.children == before
+    before = {key: child["spec"] for key, child in mc.children.items() if "spec" in child}
+    writes = mc.child_writes(mc.sync())
+    assert sorted(writes) == sorted(("release", *key) for key in mc.children)
+    assert all("ownerReferences" not in c["metadata"] or not c["metadata"]["ownerReferences"] for c in mc.children.values())
+    assert {key: child["spec"] for key, child in mc.children.items() if "spec" in child} == before
     assert mc.parent["status"]["state"] == "initializing"  # the hook saw no child at all
+    assert mc.child_writes(mc.sync()) == []
 
 
 def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(hooks) -> None:
@@ -60,6 +64,22 @@ def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(h
     assert "(spec.selector cannot change in place)" in message
     # The next sync creates them as this operator renders them, and the graph converges.
     assert sorted(w for w in mc.child_writes(mc.sync()) if w[0] == "create") == sorted(("create", *key) for key in workloads)
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    assert mc.parent["status"]["state"] == "ready" and mc.sync() == []
+
+
+def test_children_labelled_after_their_release_are_adopted(hooks) -> None:
+    """Labelling late still works: Metacontroller adopts the orphans, then replaces and updates."""
+    mc = upstream_graph(hooks)
+    mc.sync()  # released
+    for child in mc.children.values():
+        child["metadata"]["labels"]["controller-uid"] = mc.uid
+    released = set(mc.children)
+    writes = mc.child_writes(mc.sync())
+    assert {w[1:] for w in writes if w[0] == "adopt"} == released
+    assert {w[0] for w in writes} == {"adopt", "delete", "update"}
     mc.converge()
     mc.mark_ready()
     mc.converge()

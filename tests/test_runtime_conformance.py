@@ -33,21 +33,17 @@ from tests.conftest import REPO, as_vllm, controller_for, need, parent, request_
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 ROUTER_MODULES = (runtime.SERVER, runtime.EPP)
 WORKER_MODULES = (runtime.SGLANG, runtime.VLLM)
-SHELLS = ("sh", "bash", "dash", "ash")
-SHELL_OPERATORS = ("&&", "||", ";", "|", "&")
 # Addresses a process can bind so that its probes, its Service and its peers reach it.
 REACHABLE_BINDS = ("0.0.0.0", "::", "")
 
 
 def process_argv(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
-    """The Infera module and its arguments, also inside `sh -c` (with the shell's expansion)."""
-    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and re.fullmatch(r"-[a-z]*c", argv[1]):
-        shell_var = re.compile(r"\$\{(\w+)\}|\$(\w+)")
-        argv = [shell_var.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word) for word in shlex.split(argv[2])]
-    for index in range(len(argv) - 1):
-        if argv[index] == "-m" and argv[index + 1] in runtime.PARSERS:
-            rest = argv[index + 2 :]
-            return argv[index + 1], rest[: next((i for i, w in enumerate(rest) if w in SHELL_OPERATORS), len(rest))]
+    """The Infera module a container starts and its arguments, as python3 receives them (after a
+    wrapper such as infera-exec, or run by the real shell for `sh -c`)."""
+    for started in kubelet.python_argvs(argv, env):
+        for index in range(len(started) - 1):
+            if started[index] == "-m" and started[index + 1] in runtime.PARSERS:
+                return started[index + 1], started[index + 2 :]
     return None
 
 
@@ -156,9 +152,25 @@ class Graph:
                 kv_planes.add(process.args.kv_event_transport)
         if len(kv_planes) > 1:
             self.problems.append(f"routers and workers use different KV-event transports: {sorted(kv_planes)}")
+        # Routers and workers must meet: the same etcd prefix, the same namespace to watch.
+        for setting in ("etcd_prefix", "k8s_namespace"):
+            values = {getattr(p.args, setting) for p in self.processes if p.args.discovery_backend == ("etcd" if setting == "etcd_prefix" else "kubernetes")}
+            if len(values) > 1:
+                self.problems.append(f"processes disagree on {setting}: {sorted(map(str, values))}")
+        self.check_pod_ports()
         if (self.spec.get("gaie") or {}).get("enabled"):
             self.check_gateway()
         return self.problems
+
+    def check_pod_ports(self) -> None:
+        """No two listeners of one pod on one port (a sidecar shares the pod's network)."""
+        for pod in self.pods:
+            bound: dict[int, str] = {}
+            for process in (p for p in self.processes if p.pod is pod):
+                for port in listening_ports(process):
+                    if port in bound:
+                        self.fail(process, f"binds port {port}, which {bound[port]} binds too")
+                    bound[port] = process.where
 
     def check_gateway(self) -> None:
         """One Endpoint Picker, and a frontend in every pod that serves a worker's API."""
@@ -201,9 +213,12 @@ class Graph:
         )
         if not uses:
             return
+        nats_bus = runtime.load("infera.kv.nats_bus")
         with runtime.environment(process.env):
-            url = runtime.load("infera.kv.nats_bus").resolve_nats_url(args.nats_server)
-        if url != self.managed_nats():
+            url = nats_bus.resolve_nats_url(args.nats_server)
+        # The graph's own broker where it is deployed; a broker of one's own named explicitly.
+        own = url != nats_bus.DEFAULT_NATS_URL and not url.startswith(f"nats://{self.name}-nats:")
+        if url != self.managed_nats() and not own:
             self.fail(process, f"uses NATS at {url}, but the graph's broker is {self.managed_nats()}")
 
     def check_worker(self, process: Started) -> None:
@@ -270,6 +285,23 @@ class Graph:
                 self.fail(process, f"sends the gateway to port {process.args.destination_port}, the pool is on {self.pool_port()}")
             if container["readinessProbe"]["grpc"]["port"] != process.args.grpc_health_port:
                 self.fail(process, f"serves gRPC health on {process.args.grpc_health_port}, its probe checks another port")
+
+
+def listening_ports(process: Started) -> list[int]:
+    """Every port the process binds in its pod, from what its entry point parsed."""
+    args = process.args
+    if process.module == runtime.EPP:
+        return [args.grpc_port, args.grpc_health_port]
+    if process.module != runtime.SGLANG:
+        return [process.listens_on]
+    ports = [process.listens_on]
+    if args.kv_events != "off":  # the KV plane's ZMQ publisher and snapshot server
+        ports += [int(args.kv_events_bind.rsplit(":", 1)[1]), args.kv_snapshot_port]
+    if args.server_args.disaggregation_mode == "prefill":
+        ports.append(args.server_args.disaggregation_bootstrap_port)
+    if (args.server_args.nnodes or 1) > 1 and process.pod.facts.lws.get("LWS_WORKER_INDEX") == "0":
+        ports.append(int(args.server_args.dist_init_addr.rsplit(":", 1)[1]))
+    return ports
 
 
 def rendered_graph(hooks, idep: dict[str, Any]) -> Graph:
@@ -454,7 +486,8 @@ def as_template(spec: dict[str, Any], service: dict[str, Any], wrapper: str) -> 
     if wrapper == "infera-exec":
         command = ["/overlay/bin/infera-exec", *command]
     elif wrapper == "sh":
-        command = ["/bin/sh", "-c", "exec " + shlex.join(command)]
+        # Quoted as people do: variables in double quotes, so the shell expands them.
+        command = ["/bin/sh", "-c", "exec " + " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in command)]
     service["extraPodSpec"] = {"containers": [{"name": "main", "image": "vendor/engine:v1", "command": command}]}
     return service
 
@@ -502,3 +535,53 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
 def test_generated_graphs_start(hooks, idep: dict[str, Any]) -> None:
     graph = rendered_graph(hooks, idep)
     assert graph.check() == []
+
+
+# --- the hook refuses exactly what would not start or work -----------------------------------
+
+def _drop(words: list[str], flag: str, values: int = 1) -> list[str]:
+    at = words.index(flag)
+    return words[:at] + words[at + 1 + values :]
+
+
+# Edits of a template's command, as users write them: some equivalent spellings, some mistakes.
+EDITS = {
+    "port=": lambda w: _drop(w, "--port") + [f"--port={w[w.index('--port') + 1]}"],
+    "no --host": lambda w: _drop(w, "--host"),
+    "router flag": lambda w: w + ["--k8s-label-selector", "app=x"],
+    "other port": lambda w: _drop(w, "--port") + ["--port", "31999"],
+    "kv events zmq": lambda w: w + ["--kv-event-transport", "zmq"],
+    "kv events nats": lambda w: w + ["--kv-event-transport", "nats"],
+    "requests http": lambda w: w + ["--request-transport", "http"],
+    "no discovery flag": lambda w: _drop(w, "--discovery-backend") if "--discovery-backend" in w else w,
+    "no rendezvous": lambda w: _drop(_drop(_drop(w, "--nnodes"), "--node-rank"), "--dist-init-addr") if "--nnodes" in w else w,
+    "no role": lambda w: _drop(w, "--disaggregation-mode") if "--disaggregation-mode" in w else w,
+    "own broker": lambda w: w + ["--nats-server", "nats://nats.shared:4222"],
+}
+
+
+@st.composite
+def edited_graphs(draw: st.DrawFn) -> dict[str, Any]:
+    idep = draw(graphs())
+    templated = [svc for svc in idep["spec"]["services"].values() if "extraPodSpec" in svc]
+    if templated:
+        container = draw(st.sampled_from(templated))["extraPodSpec"]["containers"][0]
+        command = container["command"]
+        shell = command[0] == "/bin/sh"
+        words = shlex.split(command[2])[1:] if shell else command
+        words = EDITS[draw(st.sampled_from(sorted(EDITS)))](words)
+        container["command"] = ["/bin/sh", "-c", "exec " + " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in words)] if shell else words
+    return idep
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(idep=edited_graphs())
+def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict[str, Any]) -> None:
+    """Over HTTP the hook accepts or refuses; the checker, running the runtime's parsers and the
+    real shell on the same graph rendered without the hook's checks, must agree."""
+    from hooks.reconcile import parse_parent, render_children
+
+    runtime.need_runtime()
+    status = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))["status"]
+    problems = Graph(idep, render_children(parse_parent(idep))).check()
+    assert (status["state"] != "failed") == (problems == []), (status["message"], problems)

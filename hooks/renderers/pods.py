@@ -1,7 +1,7 @@
 """The pod template of a server or worker service: containers, volumes, metadata, and the
 rollout defaults the template leaves unset. What the processes are told is hooks.runtime's."""
 
-from hooks import runtime
+from hooks import preflight, runtime
 from hooks.api import InferaDeployment, ServiceSpec, primary_index
 from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, overlay
@@ -110,16 +110,13 @@ def frontend_sidecar(idep: InferaDeployment) -> dict:
     }
 
 
-def _complete_primary(idep: InferaDeployment, service: str, svc: ServiceSpec, spec: dict, leader: bool) -> None:
+def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
     """What the primary container (rendered, or the template's) must have and does not set:
-    probes, the worker's preStop delay and a grace period its drain fits in. Its command line is
-    checked against what the runtime refuses."""
+    probes, the worker's preStop delay and a grace period its drain fits in."""
     primary = spec["containers"][primary_index(spec["containers"])]
-    started = runtime.entry_point(primary)
-    argv = started[1] if started else []
+    started = preflight.entry_point(primary)
+    argv = started.argv if started else []
     env = primary.get("env") or []
-    if started:
-        runtime.check_process(f"services.{service}", idep, svc, *started, env)
     port = svc.effective_port
     if not svc.is_worker:
         if not svc.skip_readiness_probe:
@@ -156,5 +153,5 @@ def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader:
     if svc.extra_pod_spec is not None:
         where = f"services.{service}.extraPodSpec"
         spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
-    _complete_primary(idep, service, svc, spec, leader)
+    _complete_primary(svc, spec, leader)
     return {"metadata": metadata, "spec": spec}
