@@ -432,7 +432,7 @@ def test_the_checks_catch_a_rank_outside_its_group(hooks) -> None:
     command = group["workerTemplate"]["spec"]["containers"][0]["command"]
     del command[command.index("--nnodes"):]
     problems = Graph(obj, graph.children).check()
-    assert any("qwen-pd-decode-0-1" in p and "rank None of None, not 1 of 2" in p for p in problems), problems
+    assert any("qwen-pd-decode-0-1" in p and "rank 0 of None, not 1 of 2" in p for p in problems), problems
 
 
 def test_the_checks_catch_missing_gateway_processes(hooks) -> None:

@@ -1,0 +1,493 @@
+"""A one-machine cluster for the data plane of a rendered InferaDeployment (tests only).
+
+`python -m tests.e2e.sandbox WORKDIR` runs, inside `unshare --user --map-root-user --mount --net`
+(see `run`), the scenario named in WORKDIR/graph.json against the children the hook rendered
+there. What a cluster provides is rebuilt as small as it can be and as faithful as it must be:
+
+- **Pod network.** Every pod gets its own network namespace with an address on a bridge
+  (10.42.0.0/24), as a CNI would: pods may all listen on 0.0.0.0 and the same port, as the
+  rendered commands do. The "node" (this process) is 10.42.0.1 and runs the cluster services:
+  a fake Kubernetes API server (tests/e2e/kube_api.py) or an etcd.
+- **Files.** The sandbox runs in a root of its own (a tmpfs of bind mounts of the machine's
+  directories, then `chroot`), so it can give every process the cluster's `/etc/hosts` (Service
+  names and the LeaderWorkerSet leader address resolve to pod IPs), the service-account token
+  at `/var/run/secrets/kubernetes.io/serviceaccount`, and volumes at their mount paths (the NATS
+  claim at `/data`) without touching the machine.
+- **Containers as kubelet starts them.** The command and args of each container, with `$(VAR)`
+  expanded and the downward API resolved (tests/kubelet.py), run unedited in the pod's network
+  and in a PID namespace of their own (the command is PID 1, as in a container). The image is
+  not pulled: this machine's virtualenv, with the Infera runtime and the stand-in engine on
+  PYTHONPATH, stands for it. kubelet's service variables (KUBERNETES_SERVICE_HOST/PORT) and
+  HOSTNAME are set as kubelet sets them.
+- **Readiness** is the rendered startup and readiness probes' checks (httpGet, tcpSocket), polled
+  until they pass; their timing fields (initial delays, periods) are not replayed, to keep the
+  tests fast.
+- **Stopping a pod** is kubelet's: the pod is marked for deletion, each container's preStop hook
+  runs, then SIGTERM to PID 1, then SIGKILL once the rendered grace period has passed since the
+  stop began.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import kubelet
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_IP = "10.42.0.1"
+SUBNET_BITS = 24
+API_PORT = 6443
+ETCD_PORT = 2379
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN = "e2e-service-account-token"
+LOG_TAIL_LINES = 40
+
+
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+def wait_until(what: str, check: Any, timeout: float, interval: float = 0.1) -> Any:
+    """Poll `check` until it returns something truthy; AssertionError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+# --- the root: the machine's directories, and what a cluster mounts over them ----------------
+
+def within(root: Path, path: str) -> Path:
+    """`path` as seen from `root`, following symlinks there (an absolute one from `root`), as
+    /var/run -> /run."""
+    current = root
+    for part in Path(path).relative_to("/").parts:
+        current = current / part
+        while current.is_symlink():
+            target = os.readlink(current)
+            current = root / target.lstrip("/") if target.startswith("/") else current.parent / target
+    return current
+
+
+def build_root(root: Path, mounts: dict[str, Path]) -> None:
+    """A tmpfs at `root` holding bind mounts of every top-level directory of the machine (and
+    its symlinks), a fresh /run, the /proc of this PID namespace, and `mounts` (path inside ->
+    file or directory outside)."""
+    sh("mount", "-t", "tmpfs", "sandbox-root", str(root))
+    for entry in os.scandir("/"):
+        target = root / entry.name
+        if entry.is_symlink():
+            target.symlink_to(os.readlink(entry.path))
+        elif entry.name in ("run", "proc"):
+            target.mkdir()
+            sh("mount", "-t", "tmpfs" if entry.name == "run" else "proc", f"sandbox-{entry.name}", str(target))
+        elif entry.is_dir():
+            target.mkdir()
+            sh("mount", "--rbind", entry.path, str(target))
+    for inside, outside in mounts.items():
+        target = within(root, inside)
+        if outside.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+        sh("mount", "--bind", str(outside), str(target))
+
+
+# --- pods ---------------------------------------------------------------------------------
+
+@dataclass
+class Container:
+    name: str
+    spec: dict[str, Any]
+    env: dict[str, str]
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def init_pid(self) -> int | None:
+        """PID 1 of the container's PID namespace (unshare's only child)."""
+        if self.process is None:
+            return None
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+            return int(children[0]) if children else None
+        return None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def tail(self) -> str:
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+@dataclass
+class Pod:
+    """One pod: a network namespace held by a sleeping process, and its containers."""
+
+    pod: kubelet.Pod
+    index: int
+    containers: list[Container] = field(default_factory=list)
+    holder: subprocess.Popen | None = None
+    stopped_in: float | None = None  # seconds from the start of a stop to its last container's exit
+
+    @property
+    def name(self) -> str:
+        return self.pod.facts.name
+
+    @property
+    def ip(self) -> str:
+        return self.pod.facts.ip
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.pod.labels
+
+    def netns(self) -> str:
+        assert self.holder is not None
+        return f"/proc/{self.holder.pid}/ns/net"
+
+    def container(self, name: str) -> Container:
+        return next(c for c in self.containers if c.name == name)
+
+
+class Cluster:
+    """The graph's pods on this machine, and the cluster services they use."""
+
+    def __init__(self, workdir: Path, graph: dict[str, Any]) -> None:
+        self.workdir = workdir
+        self.idep = graph["idep"]
+        self.children = graph["children"]
+        self.name = self.idep["metadata"]["name"]
+        self.namespace = self.idep["metadata"]["namespace"]
+        self.spec = self.idep["spec"]
+        self.shared = Path(graph["shared"])
+        self.by_key = {(c["kind"], c["metadata"]["name"]): c for c in self.children}
+        self.pods: dict[str, Pod] = {}
+        self.kube: Any = None
+        self.etcd: subprocess.Popen | None = None
+        self.services: list[subprocess.Popen] = []
+        self.model_dir = Path(graph["model_dir"])
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def pod_ip(self, index: int) -> str:
+        return f"10.42.0.{10 + index}"
+
+    def plan_pods(self) -> None:
+        for index, pod in enumerate(kubelet.pods(self.children, self.namespace)):
+            facts = kubelet.PodFacts(pod.facts.name, pod.facts.namespace, self.pod_ip(index), lws=pod.facts.lws)
+            self.pods[facts.name] = Pod(kubelet.Pod(pod.owner, pod.template, facts), index)
+
+    def hosts(self) -> str:
+        """What cluster DNS would answer: Services by name, the LeaderWorkerSet leaders, the node."""
+        lines = [f"127.0.0.1 localhost", f"{NODE_IP} kubernetes kubernetes.default kubernetes.default.svc"]
+        if self.spec.get("discoveryBackend") == "etcd":
+            lines.append(f"{NODE_IP} {self.spec['etcdEndpoint'].split('//')[-1].rsplit(':', 1)[0]}")
+        for child in self.children:
+            if child["kind"] != "Service":
+                continue
+            selector = child["spec"].get("selector") or {}
+            chosen = next((p for p in self.pods.values() if selector.items() <= p.labels.items()), None)
+            if chosen:
+                name = child["metadata"]["name"]
+                lines.append(f"{chosen.ip} {name} {name}.{self.namespace} {name}.{self.namespace}.svc")
+        for pod in self.pods.values():
+            if pod.pod.facts.lws.get("LWS_WORKER_INDEX") == "0":
+                lines.append(f"{pod.ip} {pod.pod.facts.lws['LWS_LEADER_ADDRESS']}")
+        return "\n".join(lines) + "\n"
+
+    def base_env(self, pod: Pod) -> dict[str, str]:
+        """The image's environment (this machine's virtualenv stands for the image) and what
+        kubelet adds to every container."""
+        return {
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+            "PYTHONPATH": f"{self.shared / 'upstream' / 'runtime'}:{REPO / 'tests' / 'e2e' / 'standins'}",
+            "INFERA_SHARED_DIR": str(self.shared),
+            "PYTHONUNBUFFERED": "1",
+            "HOME": str(self.workdir / "home"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HOME": str(self.workdir / "hf"),
+            "HOSTNAME": pod.name,
+            "KUBERNETES_SERVICE_HOST": NODE_IP,
+            "KUBERNETES_SERVICE_PORT": str(API_PORT),
+            **{k: v for k, v in os.environ.items() if k.startswith("STANDIN_")},
+        }
+
+    def setup(self) -> None:
+        """Network, files and cluster services, as a node has them before the first pod."""
+        sh("ip", "link", "set", "lo", "up")
+        sh("ip", "link", "add", "cni0", "type", "bridge")
+        sh("ip", "addr", "add", f"{NODE_IP}/{SUBNET_BITS}", "dev", "cni0")
+        sh("ip", "link", "set", "cni0", "up")
+        self.plan_pods()
+        files = self.workdir / "files"
+        files.mkdir()
+        (files / "hosts").write_text(self.hosts())
+        account = files / "serviceaccount"
+        account.mkdir()
+        mounts = {"/etc/hosts": files / "hosts", SERVICE_ACCOUNT_DIR: account}
+        nats_data = self.workdir / "volumes" / "nats-data"
+        nats_data.mkdir(parents=True)
+        mounts["/data"] = nats_data  # the NATS StatefulSet's claim
+        root = self.workdir / "root"
+        root.mkdir()
+        build_root(root, mounts)
+        os.chroot(root)
+        os.chdir("/")
+        (self.workdir / "home").mkdir(exist_ok=True)
+        if self.spec.get("discoveryBackend") == "etcd":
+            self.start_etcd()
+        else:
+            from tests.e2e.kube_api import KubeAPI
+
+            self.kube = KubeAPI(NODE_IP, API_PORT, token=TOKEN)
+            self.kube.write_service_account(account, namespace=self.namespace)
+
+    def start_etcd(self) -> None:
+        data = self.workdir / "etcd"
+        url = f"http://{NODE_IP}:{ETCD_PORT}"
+        log = (self.workdir / "etcd.log").open("wb")
+        self.etcd = subprocess.Popen(
+            [str(Path(sys.executable).parent / "etcd"), "--data-dir", str(data), "--listen-client-urls", url,
+             "--advertise-client-urls", url, "--listen-peer-urls", "http://127.0.0.1:2380"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        wait_until("etcd", lambda: http_ok(f"{url}/health"), 20)
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def start_pod(self, pod: Pod) -> None:
+        pod.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+        wait_until(f"{pod.name}'s network namespace", lambda: os.readlink(pod.netns()) != os.readlink("/proc/self/ns/net"), 5, 0.01)
+        host_side = f"veth{pod.index}"
+        sh("ip", "link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", str(pod.holder.pid))
+        sh("ip", "link", "set", host_side, "master", "cni0", "up")
+        inside = ["nsenter", f"--net={pod.netns()}"]
+        sh(*inside, "ip", "link", "set", "lo", "up")
+        sh(*inside, "ip", "addr", "add", f"{pod.ip}/{SUBNET_BITS}", "dev", "eth0")
+        sh(*inside, "ip", "link", "set", "eth0", "up")
+        sh(*inside, "ip", "route", "add", "default", "via", NODE_IP)
+        if self.kube is not None:
+            self.kube.add_pod(self.pod_object(pod))
+        for spec in pod.pod.spec["containers"]:
+            env = {**self.base_env(pod), **kubelet.container_env(spec, pod.pod.facts, pod.labels)}
+            container = Container(spec["name"], spec, env, kubelet.container_argv(spec, env),
+                                  self.workdir / "logs" / f"{pod.name}.{spec['name']}.log")
+            container.log.parent.mkdir(exist_ok=True)
+            with container.log.open("wb") as log:
+                container.process = subprocess.Popen(
+                    [*inside, "unshare", "--pid", "--fork", "--kill-child", "--", *container.argv],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=spec.get("workingDir", "/"),
+                    start_new_session=True,
+                )
+            pod.containers.append(container)
+
+    def pod_object(self, pod: Pod) -> dict[str, Any]:
+        template = pod.pod.template
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod.name,
+                "namespace": self.namespace,
+                "labels": dict(pod.labels),
+                "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
+            },
+            "spec": {"serviceAccountName": pod.pod.spec.get("serviceAccountName", "default"),
+                     "containers": pod.pod.spec["containers"]},
+            "status": {"phase": "Running", "podIP": pod.ip, "podIPs": [{"ip": pod.ip}]},
+        }
+
+    def start(self) -> None:
+        for pod in self.pods.values():
+            self.start_pod(pod)
+
+    def probe(self, pod: Pod, container: Container, probe: dict[str, Any]) -> bool:
+        if not container.running():
+            raise AssertionError(f"{pod.name}/{container.name} exited ({container.process.returncode}):\n{container.tail()}")
+        ports = {p.get("name"): p["containerPort"] for p in container.spec.get("ports") or []}
+        if "httpGet" in probe:
+            get = probe["httpGet"]
+            port = ports.get(get["port"], get["port"])
+            return http_ok(f"{get.get('scheme', 'HTTP').lower()}://{pod.ip}:{port}{get.get('path', '/')}")
+        if "tcpSocket" in probe:
+            port = ports.get(probe["tcpSocket"]["port"], probe["tcpSocket"]["port"])
+            with contextlib.suppress(OSError), socket.create_connection((pod.ip, port), timeout=1):
+                return True
+            return False
+        if "grpc" in probe:
+            return grpc_serving(pod.ip, probe["grpc"]["port"], probe["grpc"].get("service", ""))
+        raise AssertionError(f"{pod.name}/{container.name}: a probe the sandbox does not run: {probe}")
+
+    def ready(self, pod: Pod) -> bool:
+        """Every container's startup and readiness probes pass (a container without probes is
+        ready once it runs)."""
+        for container in pod.containers:
+            for kind in ("startupProbe", "readinessProbe"):
+                probe = container.spec.get(kind)
+                if probe is not None and not self.probe(pod, container, probe):
+                    return False
+            if not container.running():
+                raise AssertionError(f"{pod.name}/{container.name} exited:\n{container.tail()}")
+        return True
+
+    def wait_ready(self, pods: list[Pod] | None = None, timeout: float = 60) -> None:
+        for pod in pods or list(self.pods.values()):
+            wait_until(f"pod {pod.name} to be ready", lambda pod=pod: self.ready(pod), timeout, 0.2)
+
+    def stop_pod(self, pod: Pod) -> None:
+        """kubelet's graceful deletion: deletionTimestamp, each container's preStop, SIGTERM to
+        PID 1, SIGKILL when the grace period has passed since the stop began."""
+        grace = pod.pod.spec.get("terminationGracePeriodSeconds", 30)
+        began = time.monotonic()
+        if self.kube is not None:
+            self.kube.mark_deleting(self.namespace, pod.name)
+
+        def stop(container: Container) -> None:
+            pre_stop = ((container.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+            if pre_stop:
+                hook = subprocess.Popen(["nsenter", f"--net={pod.netns()}", *pre_stop["command"]], env=container.env)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    hook.wait(timeout=max(0.0, grace - (time.monotonic() - began)))
+                hook.kill()
+            if container.init_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(container.init_pid, signal.SIGTERM)
+            try:
+                container.process.wait(timeout=max(0.0, grace - (time.monotonic() - began)))
+            except subprocess.TimeoutExpired:
+                self.kill(container)
+
+        threads = [threading.Thread(target=stop, args=(c,)) for c in pod.containers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        pod.stopped_in = time.monotonic() - began
+        self.remove_pod(pod)
+
+    def kill(self, container: Container) -> None:
+        """SIGKILL to PID 1 takes the container's whole PID namespace down with it."""
+        for pid in (container.init_pid, container.process.pid if container.process else None):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if container.process:
+            container.process.wait(timeout=10)
+
+    def remove_pod(self, pod: Pod) -> None:
+        for container in pod.containers:
+            if container.running():
+                self.kill(container)
+        if self.kube is not None:
+            self.kube.remove_pod(self.namespace, pod.name)
+        if pod.holder is not None:
+            pod.holder.kill()
+            pod.holder.wait(timeout=10)
+
+    def teardown(self) -> None:
+        for pod in self.pods.values():
+            with contextlib.suppress(Exception):
+                self.remove_pod(pod)
+        if self.kube is not None:
+            self.kube.stop()
+        if self.etcd is not None:
+            self.etcd.kill()
+            self.etcd.wait(timeout=10)
+
+    def report(self) -> str:
+        parts = []
+        for pod in self.pods.values():
+            for container in pod.containers:
+                parts.append(f"--- {pod.name}/{container.name} (pid {container.process.pid if container.process else '-'}, "
+                             f"exit {container.process.poll() if container.process else '-'})\n{container.tail()}")
+        return "\n".join(parts)
+
+    # -- what a scenario uses --------------------------------------------------------------------
+
+    def pod_of(self, service: str, rank: int = 0) -> Pod:
+        pods = [p for p in self.pods.values() if p.labels.get("infera.amd.com/service") == service]
+        return sorted(pods, key=lambda p: p.name)[rank]
+
+    def url(self, service: str) -> str:
+        """The Service of a server, by the name cluster DNS resolves."""
+        svc = self.by_key[("Service", f"{self.name}-{service}")]
+        return f"http://{self.name}-{service}:{svc['spec']['ports'][0]['port']}"
+
+
+def http_ok(url: str) -> bool:
+    with contextlib.suppress(OSError):
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return 200 <= response.status < 400
+    return False
+
+
+def grpc_serving(host: str, port: int, service: str) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"{host}:{port}") as channel, contextlib.suppress(grpc.RpcError):
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+    return False
+
+
+# --- running a scenario -----------------------------------------------------------------------
+
+def main(workdir: Path) -> int:
+    from tests.e2e import scenarios
+
+    graph = json.loads((workdir / "graph.json").read_text())
+    cluster = Cluster(workdir, graph)
+    try:
+        cluster.setup()
+        getattr(scenarios, graph["scenario"])(cluster)
+        print(f"scenario {graph['scenario']} passed")
+        return 0
+    except BaseException:
+        traceback.print_exc()
+        print(cluster.report())
+        return 1
+    finally:
+        cluster.teardown()
+
+
+@contextlib.contextmanager
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="infera-e2e-") as directory:
+        yield Path(directory)
+
+
+def run(directory: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The scenario in its own user, mount, network and PID namespaces: nothing leaves the
+    machine, and every process it started dies with it."""
+    return subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child", "--",
+         sys.executable, "-m", "tests.e2e.sandbox", str(directory)],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,256 @@
+"""The end-to-end scenarios: run in the sandbox (tests/e2e/sandbox.py) against a rendered graph,
+each asserting what a user of the graph would check. A failed assertion fails the test, which
+then prints every process's last log lines."""
+
+import json
+import re
+import ssl
+import sys
+import threading
+import urllib.error
+import urllib.request
+from typing import Any
+
+from tests.e2e.sandbox import Cluster, Pod, wait_until
+
+MODEL = "tiny"
+# Long enough to fill many 4-token pages, so a repeat is a prefix-cache hit.
+PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
+WORKER_INFO = "infera.amd.com/worker-info"
+
+
+def request(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
+            headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+
+
+def chat(cluster: Cluster, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
+    status, body = request(f"{cluster.url('server')}/v1/chat/completions",
+                           {"model": MODEL, "messages": [{"role": "user", "content": prompt}], **extra})
+    assert status == 200, (status, body)
+    return body
+
+
+def stream_chat(cluster: Cluster, prompt: str = PROMPT, timeout: float = 60, **extra: Any) -> tuple[list[str], bool]:
+    """The content deltas of a streamed chat completion, and whether it ended with [DONE]."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True, **extra}
+    req = urllib.request.Request(f"{cluster.url('server')}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    deltas, done = [], False
+    with urllib.request.urlopen(req, timeout=timeout) as reply:
+        assert reply.status == 200
+        for line in reply:
+            line = line.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                choices = json.loads(line[len("data: "):]).get("choices") or [{}]
+                deltas.append(choices[0].get("delta", {}).get("content") or "")
+    return deltas, done
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of a Prometheus metric over its label sets."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def engine_requests(pod: Pod) -> list[dict[str, Any]]:
+    """What the stand-in engine of a worker pod served."""
+    status, served = request(f"http://{pod.ip}:{worker_port(pod)}/standin/requests")
+    assert status == 200, served
+    return served
+
+
+def worker_port(pod: Pod) -> int:
+    return pod.pod.spec["containers"][0]["ports"][0]["containerPort"]
+
+
+def registered(cluster: Cluster) -> list[dict[str, Any]]:
+    status, body = request(f"{cluster.url('server')}/v1/workers")
+    assert status == 200, body
+    return body["workers"]
+
+
+def start(cluster: Cluster) -> None:
+    cluster.start()
+    cluster.wait_ready(timeout=60)
+
+
+def assert_registered(cluster: Cluster, *services: str) -> None:
+    """Every worker service's pod registered, at its Pod IP, active."""
+    expected = sorted(f"http://{cluster.pod_of(s).ip}:{worker_port(cluster.pod_of(s))}" for s in services)
+    wait_until(f"workers {', '.join(services)} registered",
+               lambda: sorted(w["url"] for w in registered(cluster) if w["status"] == "active") == expected, 30)
+
+
+def assert_prefix_cache_hit(cluster: Cluster) -> None:
+    """The router learns a worker's cache from its KV events: a repeated prompt is routed as a hit."""
+    router = cluster.url("server")
+    chat(cluster)
+    wait_until("KV events to reach the router's cache view", lambda: metric(router, "infera_policy_cache_view_size") > 0, 20)
+    hits_before = metric(router, "infera_router_pick_cache_hits_sum")
+    chat(cluster)
+    hits = metric(router, "infera_router_pick_cache_hits_sum") - hits_before
+    assert hits > 0
+    print(f"a repeated prompt was routed with {hits:.0f} cached blocks")
+
+
+# --- the scenarios --------------------------------------------------------------------------
+
+def serves_and_routes_by_prefix(cluster: Cluster) -> None:
+    """A mixed worker behind the router: it registers where it is, answers unary and streamed
+    chat completions through the router, and the router routes a repeated prompt as a
+    prefix-cache hit from the KV events it received (over NATS when the broker is deployed)."""
+    start(cluster)
+    assert_registered(cluster, "worker")
+    worker = cluster.pod_of("worker")
+    if cluster.kube is not None:  # Kubernetes discovery: the worker's record is its Pod's annotation
+        record = json.loads(cluster.kube.pod(cluster.namespace, worker.name)["metadata"]["annotations"][WORKER_INFO])
+        assert record["url"] == f"http://{worker.ip}:{worker_port(worker)}"
+    reply = chat(cluster, "hello world", max_tokens=6)
+    text = reply["choices"][0]["message"]["content"]
+    assert f"pod={worker.name}" in text, text
+    deltas, done = stream_chat(cluster, "hello world", max_tokens=6)
+    assert done and "".join(deltas) == text
+    assert_prefix_cache_hit(cluster)
+    nats = cluster.pod_of("nats")
+    status, streams = request(f"http://{nats.ip}:8222/jsz?streams=true")
+    assert status == 200
+    kv_stream = [s for account in streams["account_details"] for s in account["stream_detail"] if s["name"] == "INFERA_KV_EVENTS"]
+    assert kv_stream and kv_stream[0]["state"]["messages"] > 0, streams
+
+
+def disaggregates(cluster: Cluster) -> None:
+    """Prefill, decode and mixed pools: a request goes to a prefill and a decode worker with one
+    bootstrap room, and the answer is the decode worker's."""
+    start(cluster)
+    assert_registered(cluster, "prefill", "decode", "mixed")
+    text = chat(cluster, "hello world", max_tokens=5)["choices"][0]["message"]["content"]
+    prefill, decode, mixed = (engine_requests(cluster.pod_of(s)) for s in ("prefill", "decode", "mixed"))
+    assert mixed == [], "with a prefill and a decode pool, the router disaggregates"
+    assert len(prefill) == len(decode) == 1, (prefill, decode)
+    room = prefill[0]["bootstrap_room"]
+    assert room is not None and decode[0]["bootstrap_room"] == room
+    assert decode[0]["bootstrap_host"] == cluster.pod_of("prefill").ip
+    assert f"[decode pod={cluster.pod_of('decode').name}" in text and f"room={room}" in text, text
+    assert all(r["outcome"] == "ok" for r in prefill + decode)
+
+
+def serves_over_http_and_zmq(cluster: Cluster) -> None:
+    """Without the managed NATS: nothing waits for a broker, requests reach the engine over HTTP
+    and the router subscribes to the worker's ZMQ KV events."""
+    start(cluster)
+    assert_registered(cluster, "worker")
+    kv_endpoint = registered(cluster)[0]["kv_events_endpoint"]
+    assert kv_endpoint.startswith(f"tcp://{cluster.pod_of('worker').ip}:"), kv_endpoint
+    deltas, done = stream_chat(cluster, "hello world", max_tokens=4)
+    assert done and len(deltas) >= 4
+    assert_prefix_cache_hit(cluster)
+
+
+def drains_on_scale_down(cluster: Cluster) -> None:
+    """A worker pod stopped as kubelet stops it, with a long generation in flight: the router stops
+    sending it work at once, the generation completes, the worker deregisters and exits well
+    within its grace period."""
+    start(cluster)
+    assert_registered(cluster, "worker")
+    worker = cluster.pod_of("worker")
+    tokens = 200  # at STANDIN_TOKEN_DELAY=0.1 s, longer than the 15 s preStop delay
+    outcome: dict[str, Any] = {}
+
+    def generate() -> None:
+        try:
+            outcome["deltas"], outcome["done"] = stream_chat(cluster, "hello world", timeout=120, max_tokens=tokens,
+                                                            ignore_eos=True)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = error
+
+    stream = threading.Thread(target=generate)
+    stream.start()
+    wait_until("the generation to start", lambda: any(r["outcome"] == "running" for r in engine_requests(worker)), 20)
+    stopping = threading.Thread(target=cluster.stop_pod, args=(worker,))
+    stopping.start()
+    # The router drops the pod from routing on its deletion, long before the process is signalled.
+    wait_until("the router to stop routing to the deleted pod",
+               lambda: request(f"{cluster.url('server')}/v1/chat/completions",
+                               {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=10)[0] == 503, 10)
+    stopping.join(timeout=150)
+    stream.join(timeout=60)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["done"] and len([d for d in outcome["deltas"] if d]) == tokens, len(outcome["deltas"])
+    grace = worker.pod.spec["terminationGracePeriodSeconds"]
+    assert worker.stopped_in is not None and worker.stopped_in < grace, (worker.stopped_in, grace)
+    print(f"worker pod stopped in {worker.stopped_in:.1f} s of its {grace} s grace period")
+    assert worker.container("infera").process.returncode == 0, worker.container("infera").tail()
+    if cluster.kube is not None:  # it cleared its own record before draining
+        assert any(call.method == "PATCH" and call.path.endswith(f"/pods/{worker.name}")
+                   and (call.body or {}).get("metadata", {}).get("annotations", {}).get(WORKER_INFO, "") is None
+                   for call in cluster.kube.events)
+    assert registered(cluster) == []
+
+
+def ask_the_picker(cluster: Cluster, body: dict[str, Any]) -> dict[str, str]:
+    """What an Inference Gateway does per request: open an ext_proc stream to the Endpoint Picker
+    Service (TLS, verification off, as kgateway dials it), send the request's headers and body,
+    and read the routing headers the picker sets."""
+    import grpc
+
+    sys.path.insert(0, str(cluster.shared / "upstream" / "runtime"))
+    from infera.gaie.proto import ext_proc_pb2 as pb
+    from infera.gaie.proto import ext_proc_pb2_grpc as pb_grpc
+
+    epp = cluster.by_key[("Service", f"{cluster.name}-epp")]
+    host, port = f"{cluster.name}-epp", epp["spec"]["ports"][0]["port"]
+    certificate = ssl.get_server_certificate((host, port)).encode()  # self-signed: trusted as it is
+    credentials = grpc.ssl_channel_credentials(root_certificates=certificate)
+    raw = json.dumps(body).encode()
+    headers = pb.HeaderMap(headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in
+                                    ((":method", "POST"), (":path", "/v1/chat/completions"), ("content-type", "application/json"))])
+    messages = [pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=headers)),
+                pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))]
+    target_name = certificate_name(certificate)
+    with grpc.secure_channel(f"{host}:{port}", credentials, options=[("grpc.ssl_target_name_override", target_name)]) as channel:
+        replies = list(pb_grpc.ExternalProcessorStub(channel).Process(iter(messages), timeout=10))
+    decision = replies[-1].request_body.response.header_mutation.set_headers
+    return {option.header.key: option.header.raw_value.decode() for option in decision}
+
+
+def certificate_name(pem: bytes) -> str:
+    from cryptography import x509
+
+    certificate = x509.load_pem_x509_certificate(pem)
+    return certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)[0]
+
+
+def gateway_routes_to_the_group_leader(cluster: Cluster) -> None:
+    """A two-node SGLang group fronted by the Inference Gateway's pieces: the ranks form their
+    group with the rendezvous flags the operator injected; only rank 0 registers and gets the
+    frontend sidecar; the Endpoint Picker sends the gateway to that sidecar on the pool's port,
+    and the sidecar serves the request from the group."""
+    start(cluster)
+    leader, follower = cluster.pod_of("tp", 0), cluster.pod_of("tp", 1)
+    status, group = request(f"http://{leader.ip}:{worker_port(leader)}/standin/group")
+    assert status == 200 and group["ranks"] == [0, 1] and group["nnodes"] == 2, group
+    assert [c.name for c in leader.containers] == ["infera", "infera-frontend"]
+    assert [c.name for c in follower.containers] == ["infera"]
+    frontend_port = cluster.spec["gaie"]["frontendPort"]
+    frontend = f"http://{leader.ip}:{frontend_port}"
+    worker_url = f"http://{leader.ip}:{worker_port(leader)}"
+    wait_until("rank 0, alone, registered",
+               lambda: [w["url"] for w in request(f"{frontend}/v1/workers")[1]["workers"]] == [worker_url], 30)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
+    picked = ask_the_picker(cluster, body)
+    assert picked["x-gateway-destination-endpoint"] == f"{leader.ip}:{frontend_port}", picked
+    status, reply = request(f"http://{picked['x-gateway-destination-endpoint']}/v1/chat/completions", body,
+                            headers={"x-worker-instance-id": picked["x-worker-instance-id"]})
+    assert status == 200, reply
+    assert f"pod={leader.name}" in reply["choices"][0]["message"]["content"], reply
+    assert engine_requests(follower) == []  # rank 1 serves no API of its own

@@ -1,0 +1,1 @@
+"""Stand-in for `sglang.srt`: only the modules the Infera runtime imports."""

@@ -1,0 +1,1 @@
+"""Stand-in for `sglang.srt.disaggregation`: the KV event wire format."""
