@@ -126,6 +126,8 @@ def serves_and_routes_by_prefix(cluster: Cluster) -> None:
     assert status == 200
     kv_stream = [s for account in streams["account_details"] for s in account["stream_detail"] if s["name"] == "INFERA_KV_EVENTS"]
     assert kv_stream and kv_stream[0]["state"]["messages"] > 0, streams
+    print("JetStream messages:", {s["name"]: s["state"]["messages"] for account in streams["account_details"]
+                                  for s in account["stream_detail"]})
 
 
 def disaggregates(cluster: Cluster) -> None:
