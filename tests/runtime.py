@@ -47,6 +47,10 @@ def need_runtime() -> Path:
 @cache
 def _install() -> None:
     sys.path[:0] = [str(RUNTIME), str(STANDINS)]
+    # They find their option lists from INFERA_SHARED_DIR as they load: before any parse runs
+    # under a container's environment.
+    importlib.import_module("sglang.srt.server_args")
+    importlib.import_module("vllm.entrypoints.openai.cli_args")
 
 
 def load(module: str) -> types.ModuleType:

@@ -45,16 +45,16 @@ UNRECORDED: dict[str, dict[str, Any]] = {
 }
 
 
-def options_file() -> Path:
-    """Where SGLang's option record is: under INFERA_SHARED_DIR, else the project's ../shared."""
-    return Path(os.environ.get("INFERA_SHARED_DIR", DEFAULT_SHARED_DIR)) / OPTIONS_FILE
+# Where SGLang's option record is: under INFERA_SHARED_DIR, else the project's ../shared. Read
+# once, at import: a caller may later run a parser under a container's environment.
+OPTIONS = Path(os.environ.get("INFERA_SHARED_DIR", DEFAULT_SHARED_DIR)) / OPTIONS_FILE
 
 
 @cache
 def recorded_actions() -> tuple[dict[str, Any], ...]:
     """SGLang 0.5.17's argparse actions, as recorded; fails loudly when the record is missing or
     no longer has an option UNRECORDED describes."""
-    path = options_file()
+    path = OPTIONS
     if not path.is_file():
         raise FileNotFoundError(f"SGLang's option record is not at {path} (set INFERA_SHARED_DIR)")
     actions = tuple(json.loads(path.read_text())["actions"])

@@ -40,9 +40,12 @@ TYPED: dict[str, dict[str, Any]] = {
 }
 
 
+# Read once, at import: a caller may later run a parser under a container's environment.
+OPTIONS = Path(os.environ.get("INFERA_SHARED_DIR", DEFAULT_SHARED_DIR)) / OPTIONS_FILE
+
+
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    path = Path(os.environ.get("INFERA_SHARED_DIR", DEFAULT_SHARED_DIR)) / OPTIONS_FILE
-    options = json.loads(path.read_text())["options"]
+    options = json.loads(OPTIONS.read_text())["options"]
     for option in options:
         parser.add_argument(option, **TYPED.get(option, {"nargs": "?", "const": True}))
     for option in sorted({f"--no-{o[2:]}" for o in options if o.startswith("--")} - set(options)):
