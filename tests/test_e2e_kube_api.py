@@ -12,7 +12,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -132,6 +132,22 @@ class Fleet:
         return {w.worker_id for w in self.registry.list_all()}
 
 
+@contextlib.asynccontextmanager
+async def two_workers(runtime: SimpleNamespace, kube: KubeAPI) -> AsyncIterator[Fleet]:
+    """A router's registry that sees two registered workers, demo-worker-0 and demo-worker-1."""
+    for index in range(2):
+        kube.add_pod(pod(f"demo-worker-{index}", f"10.42.0.{10 + index}"))
+    fleet = Fleet(runtime)
+    await fleet.registry.start()
+    try:
+        for index in range(2):
+            await fleet.register(f"demo-worker-{index}", f"10.42.0.{10 + index}")
+        await eventually(lambda: len(fleet.active()) == 2, "both workers")
+        yield fleet
+    finally:
+        await fleet.stop()
+
+
 def lists(kube: KubeAPI) -> int:
     """How many times the pods were listed (not watched): 1 per start, 1 per re-list."""
     return sum(1 for c in kube.events if c.path.endswith("/pods") and "watch" not in c.query and c.status == 200)
@@ -179,17 +195,8 @@ def test_a_worker_registers_and_deregisters_through_its_pod(runtime: SimpleNames
 
 
 def test_a_pod_marked_for_deletion_leaves_routing_before_it_goes(runtime: SimpleNamespace, kube: KubeAPI) -> None:
-    kube.add_pod(pod("demo-worker-0", "10.42.0.10"))
-    kube.add_pod(pod("demo-worker-1", "10.42.0.11"))
-
     async def scenario() -> None:
-        fleet = Fleet(runtime)
-        await fleet.registry.start()
-        try:
-            await fleet.register("demo-worker-0", "10.42.0.10")
-            await fleet.register("demo-worker-1", "10.42.0.11")
-            await eventually(lambda: len(fleet.active()) == 2, "both workers")
-
+        async with two_workers(runtime, kube) as fleet:
             condemned = kube.mark_deleting(NS, "demo-worker-0")
             assert condemned["metadata"]["deletionGracePeriodSeconds"] == 60  # the pod's own grace period
             await eventually(lambda: fleet.active() == {"10.42.0.11:8000"}, "the condemned worker to leave routing")
@@ -200,44 +207,24 @@ def test_a_pod_marked_for_deletion_leaves_routing_before_it_goes(runtime: Simple
             kube.remove_pod(NS, "demo-worker-0")
             await eventually(lambda: fleet.known() == {"10.42.0.11:8000"}, "the deleted pod's worker to go")
             assert fleet.removed == ["10.42.0.10:8000"]  # announced once
-        finally:
-            await fleet.stop()
 
     asyncio.run(scenario())
 
 
 def test_a_watch_cut_short_resumes_from_its_resource_version(runtime: SimpleNamespace, kube: KubeAPI) -> None:
-    kube.add_pod(pod("demo-worker-0", "10.42.0.10"))
-    kube.add_pod(pod("demo-worker-1", "10.42.0.11"))
-
     async def scenario() -> None:
-        fleet = Fleet(runtime)
-        await fleet.registry.start()
-        try:
-            await fleet.register("demo-worker-0", "10.42.0.10")
-            await fleet.register("demo-worker-1", "10.42.0.11")
-            await eventually(lambda: len(fleet.active()) == 2, "both workers")
+        async with two_workers(runtime, kube) as fleet:
             with kube.pause_watches():
                 kube.remove_pod(NS, "demo-worker-1")
             await eventually(lambda: fleet.known() == {"10.42.0.10:8000"}, "the missed deletion to arrive")
             assert lists(kube) == 1  # replayed from the history, no re-list
-        finally:
-            await fleet.stop()
 
     asyncio.run(scenario())
 
 
 def test_an_expired_watch_makes_the_registry_relist(runtime: SimpleNamespace, kube: KubeAPI) -> None:
-    kube.add_pod(pod("demo-worker-0", "10.42.0.10"))
-    kube.add_pod(pod("demo-worker-1", "10.42.0.11"))
-
     async def scenario() -> None:
-        fleet = Fleet(runtime)
-        await fleet.registry.start()
-        try:
-            await fleet.register("demo-worker-0", "10.42.0.10")
-            await fleet.register("demo-worker-1", "10.42.0.11")
-            await eventually(lambda: len(fleet.active()) == 2, "both workers")
+        async with two_workers(runtime, kube) as fleet:
             with kube.pause_watches():
                 kube.remove_pod(NS, "demo-worker-1")  # an event the registry will never be sent
                 for index in range(HISTORY):
@@ -245,8 +232,6 @@ def test_an_expired_watch_makes_the_registry_relist(runtime: SimpleNamespace, ku
             await eventually(lambda: lists(kube) == 2, "the registry to re-list")
             await eventually(lambda: fleet.known() == {"10.42.0.10:8000"}, "the re-list to drop the deleted pod")
             assert fleet.removed == ["10.42.0.11:8000"]
-        finally:
-            await fleet.stop()
 
     asyncio.run(scenario())
 
