@@ -6,6 +6,10 @@ container's environment and the argv its process is started with.
   variables defined before it;
 - command and args: `$(VAR)` expanded against the whole environment, `$$` an escaped `$`, an
   unknown name left as written (kubelet's rules, k8s.io/kubernetes/third_party/forked/golang/expansion).
+
+hooks/runtime.py and hooks/preflight.py read command lines too (to size grace periods and refuse
+what would not start); this module repeats those rules on purpose, so a test judging the hook
+does not share its mistakes.
 """
 
 import json
@@ -39,6 +43,7 @@ class PodFacts:
     ip: str
     node: str = "gpu-node-1"
     lws: dict[str, str] = field(default_factory=dict)  # LWS_* variables of a group's pod
+    services: dict[str, str] = field(default_factory=dict)  # kubelet's service variables
 
 
 def lws_facts(lws_name: str, namespace: str, size: int, group: int, index: int) -> dict[str, str]:
@@ -63,7 +68,9 @@ def _field(path: str, pod: PodFacts, labels: dict[str, str]) -> str:
 
 
 def container_env(container: dict[str, Any], pod: PodFacts, labels: dict[str, str]) -> dict[str, str]:
-    env = dict(pod.lws)
+    """The variables kubelet gives the container (the image's own are not among them: `$(VAR)`
+    never expands to one of those)."""
+    env = {**pod.services, **pod.lws}
     for var in container.get("env") or []:
         source = var.get("valueFrom")
         if source is None:
@@ -72,6 +79,23 @@ def container_env(container: dict[str, Any], pod: PodFacts, labels: dict[str, st
             env[var["name"]] = _field(source["fieldRef"]["fieldPath"], pod, labels)
         else:  # a Secret, ConfigMap or resource value: present, its content unknown here
             env[var["name"]] = f"<{next(iter(source))}>"
+    return env
+
+
+def service_env(name: str, ip: str, ports: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables kubelet gives every container for a ClusterIP Service that exists when it
+    starts (enableServiceLinks, the default), e.g. E2E_SERVER_SERVICE_HOST."""
+    prefix = name.upper().replace("-", "_")
+    first = ports[0]
+    env = {f"{prefix}_SERVICE_HOST": ip, f"{prefix}_SERVICE_PORT": str(first["port"]),
+           f"{prefix}_PORT": f"{first.get('protocol', 'TCP').lower()}://{ip}:{first['port']}"}
+    for port in ports:
+        protocol, number = port.get("protocol", "TCP"), port["port"]
+        if port.get("name"):
+            env[f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(number)
+        stem = f"{prefix}_PORT_{number}_{protocol}"
+        env |= {stem: f"{protocol.lower()}://{ip}:{number}", f"{stem}_PROTO": protocol.lower(),
+                f"{stem}_PORT": str(number), f"{stem}_ADDR": ip}
     return env
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from tests.conftest import SHARED, controller_for, need, need_schemas, parent, request_body
 from tests.e2e import sandbox
+from tests.e2e.scenarios import MODEL, PAGE_SIZE
 from tests.e2e.tokenizer import build_tokenizer
 
 SCENARIO_TIMEOUT = 150
-MODEL = "tiny"
 
 
 def need_sandbox() -> None:
@@ -26,9 +26,13 @@ def need_sandbox() -> None:
          f"the Infera runtime is not at {SHARED / 'upstream' / 'runtime'} (set INFERA_SHARED_DIR)")
     missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
     need(not missing, f"{', '.join(missing)} not on PATH (util-linux, iproute2)")
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "true"],
-                           capture_output=True, text=True)
-    need(probe.returncode == 0, f"user, mount, network and PID namespaces are not available here: {probe.stderr.strip()}")
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "sh", "-c",
+         "ip link add probe0 type bridge && ip link add probe1 type veth peer name probe2"],
+        capture_output=True, text=True,
+    )
+    need(probe.returncode == 0, "user, mount, network and PID namespaces with bridges and veth pairs are not "
+         f"available here: {probe.stderr.strip()}")
 
 
 def server(model: Path, *args: str) -> dict[str, Any]:
@@ -36,7 +40,7 @@ def server(model: Path, *args: str) -> dict[str, Any]:
 
 
 def worker(model: Path, role: str = "mixed", *args: str) -> dict[str, Any]:
-    flags = ["--model-path", str(model), "--served-model-name", MODEL, "--page-size", "4"]
+    flags = ["--model-path", str(model), "--served-model-name", MODEL, "--page-size", str(PAGE_SIZE)]
     if role != "mixed":
         flags += ["--disaggregation-transfer-backend", "mori"]
     return {"componentType": "worker", "role": role, "args": [*flags, *args]}
@@ -62,10 +66,14 @@ def run_scenario(hooks, scenario: str, spec: Callable[[Path], dict[str, Any]], e
         answer = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))
         assert answer["status"]["state"] == "initializing", answer["status"]["message"]
         (workdir / "graph.json").write_text(json.dumps({
-            "idep": idep, "children": answer["children"], "scenario": scenario,
-            "shared": str(SHARED.resolve()), "model_dir": str(model), "model": MODEL,
+            "idep": idep, "children": answer["children"], "scenario": scenario, "shared": str(SHARED.resolve()),
         }))
-        result = sandbox.run(workdir, SCENARIO_TIMEOUT, env={**os.environ, **(env or {})})
+        try:
+            result = sandbox.run(workdir, SCENARIO_TIMEOUT, env={**os.environ, **(env or {})})
+        except subprocess.TimeoutExpired:
+            logs = "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+                             for log in sorted((workdir / "logs").glob("*.log")))
+            pytest.fail(f"the sandbox did not end within {SCENARIO_TIMEOUT} s\n{logs}")
     assert result.returncode == 0, f"{result.stdout[-20000:]}\n{result.stderr[-5000:]}"
     print(result.stdout)
     return result.stdout
@@ -88,8 +96,11 @@ def test_without_the_managed_nats(hooks) -> None:
     run_scenario(hooks, "serves_over_http_and_zmq", lambda model: {**mixed(model), "nats": {"deploy": False}})
 
 
-def test_graceful_scale_down(hooks) -> None:
-    run_scenario(hooks, "drains_on_scale_down", mixed, env={"STANDIN_TOKEN_DELAY": "0.1"})
+@pytest.mark.parametrize("nats", [True, False], ids=["over-nats", "over-http"])
+def test_graceful_scale_down(hooks, nats: bool) -> None:
+    """Over NATS the worker tracks its in-flight requests; over HTTP it asks its engine's /metrics."""
+    run_scenario(hooks, "drains_on_scale_down", lambda model: {**mixed(model), "nats": {"deploy": nats}},
+                 env={"STANDIN_TOKEN_DELAY": "0.1"})
 
 
 def test_multi_node_group_behind_the_inference_gateway(hooks) -> None:

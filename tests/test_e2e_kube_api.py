@@ -31,7 +31,7 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 HISTORY = 8
 
 # The runtime's make_client passes its CA file as `verify=<path>`, which httpx 0.28 deprecates;
-# that is the runtime's to change (see the report), not something these tests can act on.
+# that is the runtime's to change, not something these tests can act on.
 pytestmark = pytest.mark.filterwarnings("ignore:`verify=<str>` is deprecated:DeprecationWarning")
 
 

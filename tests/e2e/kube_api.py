@@ -34,6 +34,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -101,6 +102,7 @@ class Call:
     query: dict[str, str]
     body: Any  # the decoded JSON of a PATCH (its text when it is not JSON), else None
     status: int
+    at: float  # time.monotonic() when it was answered
 
 
 @dataclass(frozen=True)
@@ -543,7 +545,7 @@ class KubeAPI:
 
     def _record(self, method: str, path: str, query: dict[str, str], body: Any, status: int) -> None:
         with self._cond:
-            self._calls.append(Call(method, path, query, body, status))
+            self._calls.append(Call(method, path, query, body, status, time.monotonic()))
 
     def _authenticate(self, authorization: str | None) -> None:
         scheme, _, token = (authorization or "").partition(" ")

@@ -28,6 +28,7 @@ there. What a cluster provides is rebuilt as small as it can be and as faithful 
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -57,18 +58,26 @@ LOG_TAIL_LINES = 40
 
 
 def sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
 
 
 def wait_until(what: str, check: Any, timeout: float, interval: float = 0.1) -> Any:
-    """Poll `check` until it returns something truthy; AssertionError naming `what` after `timeout`."""
+    """Poll `check` until it returns something truthy; AssertionError naming `what` after `timeout`.
+    A connection or decoding error counts as not yet (the last one is reported); an
+    AssertionError (a container that exited, say) ends the wait at once."""
     deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
     while True:
-        result = check()
+        try:
+            result = check()
+        except (OSError, ValueError) as error:
+            result, last_error = None, error
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last: {last_error!r})" if last_error else ""))
         time.sleep(interval)
 
 
@@ -148,6 +157,7 @@ class Pod:
     index: int
     containers: list[Container] = field(default_factory=list)
     holder: subprocess.Popen | None = None
+    stop_began: float | None = None  # time.monotonic() when kubelet began to stop it
     stopped_in: float | None = None  # seconds from the start of a stop to its last container's exit
 
     @property
@@ -185,40 +195,50 @@ class Cluster:
         self.pods: dict[str, Pod] = {}
         self.kube: Any = None
         self.etcd: subprocess.Popen | None = None
-        self.services: list[subprocess.Popen] = []
-        self.model_dir = Path(graph["model_dir"])
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def pod_ip(self, index: int) -> str:
-        return f"10.42.0.{10 + index}"
-
     def plan_pods(self) -> None:
-        for index, pod in enumerate(kubelet.pods(self.children, self.namespace)):
-            facts = kubelet.PodFacts(pod.facts.name, pod.facts.namespace, self.pod_ip(index), lws=pod.facts.lws)
+        """A pod per template (tests/kubelet.py gives each its name and an address on the bridge),
+        with the service variables kubelet gives its containers."""
+        planned = kubelet.pods(self.children, self.namespace)
+        backends = {name: pod.facts.ip for name, pod in self.service_backends(planned).items()}
+        services = {"KUBERNETES_SERVICE_HOST": NODE_IP, "KUBERNETES_SERVICE_PORT": str(API_PORT),
+                    **kubelet.service_env("kubernetes", NODE_IP, [{"name": "https", "port": API_PORT}])}
+        for child in self.children:
+            if child["kind"] == "Service" and child["spec"].get("clusterIP") != "None" and child["metadata"]["name"] in backends:
+                services |= kubelet.service_env(child["metadata"]["name"], backends[child["metadata"]["name"]], child["spec"]["ports"])
+        for index, pod in enumerate(planned):
+            facts = kubelet.PodFacts(pod.facts.name, pod.facts.namespace, pod.facts.ip, lws=pod.facts.lws, services=services)
             self.pods[facts.name] = Pod(kubelet.Pod(pod.owner, pod.template, facts), index)
+
+    def service_backends(self, pods: list[kubelet.Pod]) -> dict[str, kubelet.Pod]:
+        """The pod each Service sends to (one replica per workload here): its address stands for
+        the Service's ClusterIP, and for a headless Service's DNS answer."""
+        backends = {}
+        for child in self.children:
+            if child["kind"] == "Service":
+                selector = child["spec"].get("selector") or {}
+                chosen = next((p for p in pods if selector.items() <= p.labels.items()), None)
+                if chosen:
+                    backends[child["metadata"]["name"]] = chosen
+        return backends
 
     def hosts(self) -> str:
         """What cluster DNS would answer: Services by name, the LeaderWorkerSet leaders, the node."""
-        lines = [f"127.0.0.1 localhost", f"{NODE_IP} kubernetes kubernetes.default kubernetes.default.svc"]
+        lines = ["127.0.0.1 localhost", f"{NODE_IP} kubernetes kubernetes.default kubernetes.default.svc"]
         if self.spec.get("discoveryBackend") == "etcd":
             lines.append(f"{NODE_IP} {self.spec['etcdEndpoint'].split('//')[-1].rsplit(':', 1)[0]}")
-        for child in self.children:
-            if child["kind"] != "Service":
-                continue
-            selector = child["spec"].get("selector") or {}
-            chosen = next((p for p in self.pods.values() if selector.items() <= p.labels.items()), None)
-            if chosen:
-                name = child["metadata"]["name"]
-                lines.append(f"{chosen.ip} {name} {name}.{self.namespace} {name}.{self.namespace}.svc")
+        for name, pod in self.service_backends([p.pod for p in self.pods.values()]).items():
+            lines.append(f"{pod.facts.ip} {name} {name}.{self.namespace} {name}.{self.namespace}.svc")
         for pod in self.pods.values():
             if pod.pod.facts.lws.get("LWS_WORKER_INDEX") == "0":
                 lines.append(f"{pod.ip} {pod.pod.facts.lws['LWS_LEADER_ADDRESS']}")
         return "\n".join(lines) + "\n"
 
-    def base_env(self, pod: Pod) -> dict[str, str]:
-        """The image's environment (this machine's virtualenv stands for the image) and what
-        kubelet adds to every container."""
+    def image_env(self, pod: Pod) -> dict[str, str]:
+        """The image's environment (this machine's virtualenv stands for the image) and the
+        container's HOSTNAME; kubelet's own variables come on top of these."""
         return {
             "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
             "PYTHONPATH": f"{self.shared / 'upstream' / 'runtime'}:{REPO / 'tests' / 'e2e' / 'standins'}",
@@ -229,8 +249,6 @@ class Cluster:
             "TRANSFORMERS_OFFLINE": "1",
             "HF_HOME": str(self.workdir / "hf"),
             "HOSTNAME": pod.name,
-            "KUBERNETES_SERVICE_HOST": NODE_IP,
-            "KUBERNETES_SERVICE_PORT": str(API_PORT),
             **{k: v for k, v in os.environ.items() if k.startswith("STANDIN_")},
         }
 
@@ -290,15 +308,19 @@ class Cluster:
         sh(*inside, "ip", "route", "add", "default", "via", NODE_IP)
         if self.kube is not None:
             self.kube.add_pod(self.pod_object(pod))
+        unsupported = [k for k in ("initContainers", "ephemeralContainers") if pod.pod.spec.get(k)]
+        unsupported += [f"{c['name']}.envFrom" for c in pod.pod.spec["containers"] if c.get("envFrom")]
+        if unsupported:
+            raise AssertionError(f"{pod.name}: the sandbox does not run {', '.join(unsupported)}")
         for spec in pod.pod.spec["containers"]:
-            env = {**self.base_env(pod), **kubelet.container_env(spec, pod.pod.facts, pod.labels)}
-            container = Container(spec["name"], spec, env, kubelet.container_argv(spec, env),
+            given = kubelet.container_env(spec, pod.pod.facts, pod.labels)
+            container = Container(spec["name"], spec, {**self.image_env(pod), **given}, kubelet.container_argv(spec, given),
                                   self.workdir / "logs" / f"{pod.name}.{spec['name']}.log")
             container.log.parent.mkdir(exist_ok=True)
             with container.log.open("wb") as log:
                 container.process = subprocess.Popen(
                     [*inside, "unshare", "--pid", "--fork", "--kill-child", "--", *container.argv],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=spec.get("workingDir", "/"),
+                    env=container.env, stdout=log, stderr=subprocess.STDOUT, cwd=spec.get("workingDir", "/"),
                     start_new_session=True,
                 )
             pod.containers.append(container)
@@ -357,25 +379,30 @@ class Cluster:
             wait_until(f"pod {pod.name} to be ready", lambda pod=pod: self.ready(pod), timeout, 0.2)
 
     def stop_pod(self, pod: Pod) -> None:
-        """kubelet's graceful deletion: deletionTimestamp, each container's preStop, SIGTERM to
-        PID 1, SIGKILL when the grace period has passed since the stop began."""
+        """kubelet's graceful deletion: deletionTimestamp, each container's preStop (in the
+        container's namespaces), SIGTERM to PID 1, SIGKILL when the grace period has passed since
+        the stop began (2 s more if a preStop hook ran past it)."""
         grace = pod.pod.spec.get("terminationGracePeriodSeconds", 30)
-        began = time.monotonic()
+        began = pod.stop_began = time.monotonic()
         if self.kube is not None:
             self.kube.mark_deleting(self.namespace, pod.name)
 
         def stop(container: Container) -> None:
-            pre_stop = ((container.spec.get("lifecycle") or {}).get("preStop") or {}).get("exec")
-            if pre_stop:
-                hook = subprocess.Popen(["nsenter", f"--net={pod.netns()}", *pre_stop["command"]], env=container.env)
+            handler = (container.spec.get("lifecycle") or {}).get("preStop") or {}
+            left = lambda: grace - (time.monotonic() - began)  # noqa: E731
+            if set(handler) - {"exec"}:
+                raise AssertionError(f"{pod.name}/{container.name}: a preStop handler the sandbox does not run: {handler}")
+            if handler and container.init_pid:
+                hook = subprocess.Popen(["nsenter", f"--target={container.init_pid}", "--net", "--pid", "--",
+                                         *handler["exec"]["command"]], env=container.env)
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    hook.wait(timeout=max(0.0, grace - (time.monotonic() - began)))
+                    hook.wait(timeout=max(0.0, left()))
                 hook.kill()
             if container.init_pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(container.init_pid, signal.SIGTERM)
             try:
-                container.process.wait(timeout=max(0.0, grace - (time.monotonic() - began)))
+                container.process.wait(timeout=max(2.0 if left() <= 0 else 0.0, left()))
             except subprocess.TimeoutExpired:
                 self.kill(container)
 
@@ -397,14 +424,17 @@ class Cluster:
             container.process.wait(timeout=10)
 
     def remove_pod(self, pod: Pod) -> None:
+        """Once: a stop and the teardown after a failed scenario may both get here."""
+        holder, pod.holder = pod.holder, None
+        if holder is None:
+            return
         for container in pod.containers:
             if container.running():
                 self.kill(container)
         if self.kube is not None:
             self.kube.remove_pod(self.namespace, pod.name)
-        if pod.holder is not None:
-            pod.holder.kill()
-            pod.holder.wait(timeout=10)
+        holder.kill()
+        holder.wait(timeout=10)
 
     def teardown(self) -> None:
         for pod in self.pods.values():
@@ -455,21 +485,32 @@ def grpc_serving(host: str, port: int, service: str) -> bool:
 
 # --- running a scenario -----------------------------------------------------------------------
 
+class Deadline(Exception):
+    """The scenario ran out of its time: raised in it, so the report is still printed."""
+
+
 def main(workdir: Path) -> int:
     from tests.e2e import scenarios
 
     graph = json.loads((workdir / "graph.json").read_text())
     cluster = Cluster(workdir, graph)
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise Deadline(f"the scenario ran out of its {graph['deadline']} s")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(int(graph["deadline"]))
     try:
         cluster.setup()
         getattr(scenarios, graph["scenario"])(cluster)
         print(f"scenario {graph['scenario']} passed")
         return 0
     except BaseException:
-        traceback.print_exc()
+        traceback.print_exc(file=sys.stdout)
         print(cluster.report())
         return 1
     finally:
+        signal.alarm(0)
         cluster.teardown()
 
 
@@ -479,13 +520,21 @@ def workdir() -> Iterator[Path]:
         yield Path(directory)
 
 
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies (prctl PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def run(directory: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The scenario in its own user, mount, network and PID namespaces: nothing leaves the
-    machine, and every process it started dies with it."""
+    machine, and every process it started dies with it (or with the test process). The scenario
+    has `timeout` minus a margin to fail with its report before this gives up on it."""
+    graph_file = directory / "graph.json"
+    graph_file.write_text(json.dumps({**json.loads(graph_file.read_text()), "deadline": timeout - 15}))
     return subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child", "--",
          sys.executable, "-m", "tests.e2e.sandbox", str(directory)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=die_with_parent,
     )
 
 

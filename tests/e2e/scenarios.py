@@ -14,6 +14,7 @@ from typing import Any
 from tests.e2e.sandbox import Cluster, Pod, wait_until
 
 MODEL = "tiny"
+PAGE_SIZE = 4  # the workers' --page-size: the engine's KV block, the router's hash block
 # Long enough to fill many 4-token pages, so a repeat is a prefix-cache hit.
 PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
 WORKER_INFO = "infera.amd.com/worker-info"
@@ -73,10 +74,26 @@ def worker_port(pod: Pod) -> int:
     return pod.pod.spec["containers"][0]["ports"][0]["containerPort"]
 
 
-def registered(cluster: Cluster) -> list[dict[str, Any]]:
-    status, body = request(f"{cluster.url('server')}/v1/workers")
-    assert status == 200, body
+def registered(cluster: Cluster, router: str | None = None) -> list[dict[str, Any]]:
+    """The router's worker list (a ValueError, retried by wait_until, while it does not answer)."""
+    status, body = request(f"{router or cluster.url('server')}/v1/workers")
+    if status != 200:
+        raise ValueError(f"/v1/workers answered {status}: {body}")
     return body["workers"]
+
+
+def assert_calls_allowed(cluster: Cluster) -> None:
+    """Every call the graph's processes made to the API server is one the rendered discovery Role
+    grants (the sandbox's own changes to pods do not go through HTTP)."""
+    rules = cluster.by_key[("Role", f"{cluster.name}-disc")]["rules"]
+    assert cluster.kube.events, "no process called the API server"
+    for call in cluster.kube.events:
+        parts = call.path.strip("/").split("/")
+        group = "" if parts[0] == "api" else parts[1]
+        resource, name = (parts[parts.index("namespaces") + 2:] + [None])[:2]
+        verb = {"PATCH": "patch"}.get(call.method) or ("watch" if call.query.get("watch") else "get" if name else "list")
+        assert any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+                   and (not rule.get("resourceNames") or name in rule["resourceNames"]) for rule in rules), call
 
 
 def start(cluster: Cluster) -> None:
@@ -91,16 +108,22 @@ def assert_registered(cluster: Cluster, *services: str) -> None:
                lambda: sorted(w["url"] for w in registered(cluster) if w["status"] == "active") == expected, 30)
 
 
-def assert_prefix_cache_hit(cluster: Cluster) -> None:
-    """The router learns a worker's cache from its KV events: a repeated prompt is routed as a hit."""
+def assert_prefix_cache_hit(cluster: Cluster, worker: Pod) -> None:
+    """The router learns a worker's cache from its KV events: once the events of a prompt's pages
+    have reached it, the prompt again is routed with every one of those pages as a hit."""
     router = cluster.url("server")
+    view_before = metric(router, "infera_policy_cache_view_size")
     chat(cluster)
-    wait_until("KV events to reach the router's cache view", lambda: metric(router, "infera_policy_cache_view_size") > 0, 20)
+    record = engine_requests(worker)[-1]
+    pages = record["prompt_tokens"] // PAGE_SIZE
+    assert pages >= 8, record  # a prompt long enough to mean something
+    wait_until(f"the events of the prompt's {pages} pages to reach the router's cache view",
+               lambda: metric(router, "infera_policy_cache_view_size") >= view_before + pages, 20)
     hits_before = metric(router, "infera_router_pick_cache_hits_sum")
     chat(cluster)
     hits = metric(router, "infera_router_pick_cache_hits_sum") - hits_before
-    assert hits > 0
-    print(f"a repeated prompt was routed with {hits:.0f} cached blocks")
+    assert hits >= pages, (hits, pages)
+    print(f"a repeated prompt of {pages} pages was routed with {hits:.0f} cached blocks")
 
 
 # --- the scenarios --------------------------------------------------------------------------
@@ -120,7 +143,12 @@ def serves_and_routes_by_prefix(cluster: Cluster) -> None:
     assert f"pod={worker.name}" in text, text
     deltas, done = stream_chat(cluster, "hello world", max_tokens=6)
     assert done and "".join(deltas) == text
-    assert_prefix_cache_hit(cluster)
+    if cluster.spec.get("nats", {}).get("deploy", True):
+        # Over NATS: the worker wrapper takes the request from its subject and calls its engine locally.
+        assert {r["client"] for r in engine_requests(worker)} == {"127.0.0.1"}, engine_requests(worker)
+    assert_prefix_cache_hit(cluster, worker)
+    if cluster.kube is not None:
+        assert_calls_allowed(cluster)
     nats = cluster.pod_of("nats")
     status, streams = request(f"http://{nats.ip}:8222/jsz?streams=true")
     assert status == 200
@@ -150,12 +178,17 @@ def serves_over_http_and_zmq(cluster: Cluster) -> None:
     """Without the managed NATS: nothing waits for a broker, requests reach the engine over HTTP
     and the router subscribes to the worker's ZMQ KV events."""
     start(cluster)
+    assert not [pod for pod in cluster.pods.values() if pod.labels.get("infera.amd.com/service") == "nats"]
     assert_registered(cluster, "worker")
+    worker = cluster.pod_of("worker")
     kv_endpoint = registered(cluster)[0]["kv_events_endpoint"]
-    assert kv_endpoint.startswith(f"tcp://{cluster.pod_of('worker').ip}:"), kv_endpoint
+    assert kv_endpoint.startswith(f"tcp://{worker.ip}:"), kv_endpoint
     deltas, done = stream_chat(cluster, "hello world", max_tokens=4)
     assert done and len(deltas) >= 4
-    assert_prefix_cache_hit(cluster)
+    # Over HTTP: the router itself calls the engine.
+    assert {r["client"] for r in engine_requests(worker)} == {cluster.pod_of("server").ip}, engine_requests(worker)
+    # No broker exists: the prefix-cache hits can only come from the worker's ZMQ events.
+    assert_prefix_cache_hit(cluster, worker)
 
 
 def drains_on_scale_down(cluster: Cluster) -> None:
@@ -192,10 +225,13 @@ def drains_on_scale_down(cluster: Cluster) -> None:
     assert worker.stopped_in is not None and worker.stopped_in < grace, (worker.stopped_in, grace)
     print(f"worker pod stopped in {worker.stopped_in:.1f} s of its {grace} s grace period")
     assert worker.container("infera").process.returncode == 0, worker.container("infera").tail()
-    if cluster.kube is not None:  # it cleared its own record before draining
-        assert any(call.method == "PATCH" and call.path.endswith(f"/pods/{worker.name}")
-                   and (call.body or {}).get("metadata", {}).get("annotations", {}).get(WORKER_INFO, "") is None
-                   for call in cluster.kube.events)
+    if cluster.kube is not None:
+        # It cleared its own record once signalled: after the preStop delay, not before.
+        cleared = [call.at for call in cluster.kube.events if call.method == "PATCH" and call.path.endswith(f"/pods/{worker.name}")
+                   and (call.body or {}).get("metadata", {}).get("annotations", {}).get(WORKER_INFO, "") is None]
+        pre_stop = int(worker.pod.spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1])
+        assert cleared and cleared[0] - worker.stop_began >= pre_stop, (cleared, worker.stop_began, pre_stop)
+        assert_calls_allowed(cluster)
     assert registered(cluster) == []
 
 
@@ -247,7 +283,7 @@ def gateway_routes_to_the_group_leader(cluster: Cluster) -> None:
     frontend = f"http://{leader.ip}:{frontend_port}"
     worker_url = f"http://{leader.ip}:{worker_port(leader)}"
     wait_until("rank 0, alone, registered",
-               lambda: [w["url"] for w in request(f"{frontend}/v1/workers")[1]["workers"]] == [worker_url], 30)
+               lambda: [w["url"] for w in registered(cluster, frontend)] == [worker_url], 30)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
     picked = ask_the_picker(cluster, body)
     assert picked["x-gateway-destination-endpoint"] == f"{leader.ip}:{frontend_port}", picked
@@ -255,4 +291,7 @@ def gateway_routes_to_the_group_leader(cluster: Cluster) -> None:
                             headers={"x-worker-instance-id": picked["x-worker-instance-id"]})
     assert status == 200, reply
     assert f"pod={leader.name}" in reply["choices"][0]["message"]["content"], reply
-    assert engine_requests(follower) == []  # rank 1 serves no API of its own
+    # Rank 1 serves no API (as SGLang's other ranks): traffic sent there would fail.
+    assert request(f"http://{follower.ip}:{worker_port(follower)}/v1/chat/completions", body)[0] == 404
+    assert engine_requests(follower) == []
+    assert_calls_allowed(cluster)

@@ -58,6 +58,7 @@ class RequestRecord:
     bootstrap_room: int | None
     dp_rank: int
     request_id: str | None
+    client: str | None  # the address the request came from: the router (HTTP) or the wrapper (NATS)
     started: float = field(default_factory=time.time)
     finished: float | None = None
     outcome: str = "running"  # running | ok | aborted | error

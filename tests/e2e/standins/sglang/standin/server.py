@@ -145,6 +145,7 @@ class Completions:
             bootstrap_room=bootstrap["bootstrap_room"],
             dp_rank=engine.pick_rank(request.headers.get("x-data-parallel-rank"), room),
             request_id=request.headers.get("x-request-id"),
+            client=request.client.host if request.client else None,
             prompt_tokens=len(prompt_ids),
         )
         return Job(record, prompt_ids, max_new_tokens, choices, record.dp_rank)
@@ -421,9 +422,28 @@ def require_api_key(app: ASGIApp, api_key: str) -> ASGIApp:
     return guarded
 
 
+def follower_api(engine: Engine) -> Starlette:
+    """A rank above 0 of a multi-node group: SGLang serves the API on rank 0 only; the others
+    answer /health (which the wrapper waits for) and 404 to anything else."""
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200)
+
+    async def group(_: Request) -> Response:
+        return JSONResponse(asdict(engine.group))
+
+    async def served_requests(_: Request) -> Response:
+        return JSONResponse([])
+
+    return Starlette(routes=[Route("/health", health), Route("/standin/group", group),
+                             Route("/standin/requests", served_requests)])
+
+
 def application(engine: Engine) -> ASGIApp:
     """The API on --port and, on a prefill engine, the bootstrap server on its port: one
     application for both sockets, told apart by the port a connection came in on."""
+    if engine.group and engine.group.node_rank > 0:
+        return follower_api(engine)
     main = api(engine)
     if engine.server_args.api_key:
         main = require_api_key(main, engine.server_args.api_key)
