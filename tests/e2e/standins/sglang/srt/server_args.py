@@ -1,10 +1,12 @@
-"""Stand-in for `sglang.srt.server_args`: SGLang 0.5.17's command line, exactly.
+"""Stand-in for `sglang.srt.server_args`: SGLang 0.5.17's command line, as argparse sees it.
 
 The options are not written out here but read from SGLang's own record of them,
 `<INFERA_SHARED_DIR>/upstream/runtime/sglang-0.5.17-options.json` (taken from the 0.5.17 wheel's
 `ServerArgs.add_cli_args`): every option string, whether it takes a value, nargs, type and
 choices. So an option SGLang does not have is refused, and one it has is accepted with the value
-SGLang would accept, which is what a test of the Infera wrapper's argument handling needs.
+SGLang would accept, which is what a test of the Infera wrapper's argument handling needs. What
+SGLang checks after parsing (ServerArgs.__post_init__, against a model and the hardware) is not
+modelled.
 
 The record leaves out defaults and `required`. `UNRECORDED` adds those the wrapper and the
 stand-in engine read, with SGLang 0.5.17's values; every other option defaults to None (False for
