@@ -172,6 +172,35 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache)
         observability.record(name, outcome, time.perf_counter() - started, parent, summary)
 
 
+# A small valid graph /readyz renders through the same code as /sync.
+READINESS_PROBE_REQUEST = {
+    "parent": {
+        "apiVersion": "infera.amd.com/v1alpha1",
+        "kind": "InferaDeployment",
+        "metadata": {"name": "readyz", "namespace": "readyz", "generation": 1},
+        "spec": {
+            "image": "rocm/infera:sglang-v0.1.1",
+            "services": {
+                "server": {"componentType": "server", "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]},
+                "worker": {"componentType": "worker", "role": "mixed", "args": ["--model-path", "Qwen/Qwen3-0.6B"]},
+            },
+        },
+    },
+    "children": {},
+}
+
+
+def _render_problem() -> str | None:
+    """Why this worker cannot answer /sync, or None."""
+    try:
+        answer = reconcile.sync(parse_request(READINESS_PROBE_REQUEST))
+    except Exception as error:  # the probe reports it; the hook path logs its own
+        return f"rendering a known-good graph raised {type(error).__name__}"
+    if answer["status"]["state"] == "failed" or not answer["children"]:
+        return f"a known-good graph renders as failed: {answer['status'].get('message')}"
+    return None
+
+
 def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFile | None = None) -> Flask:
     app = Flask(__name__)
     cache = AnswerCache(ANSWER_CACHE_BYTES)
@@ -203,11 +232,13 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
 
     @app.get("/healthz")
     def healthz() -> Response:
-        return json_response({"status": "ok"})
+        problem = observability.storage_problem()
+        return json_response({"status": "unhealthy", "reason": problem}, 503) if problem else json_response({"status": "ok"})
 
     @app.get("/readyz")
     def readyz() -> Response:
-        return json_response({"status": "ready"})
+        problem = observability.storage_problem() or _render_problem()
+        return json_response({"status": "not ready", "reason": problem}, 503) if problem else json_response({"status": "ready"})
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -30,6 +30,7 @@ def serve(options: ServeOptions) -> None:
     # prometheus_client picks its multi-process storage when it is first imported, so the
     # directory must exist before the app (and its metrics) is imported.
     metrics_dir = tempfile.mkdtemp(prefix="infera-hooks-metrics-")
+    master = os.getpid()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     from gunicorn.app.base import BaseApplication
     from prometheus_client import multiprocess
@@ -63,7 +64,10 @@ def serve(options: ServeOptions) -> None:
     try:
         HookServer().run()
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        # A gunicorn worker is a fork that leaves through this same frame when it exits: only
+        # the master owns the directory, which its replacement workers still write to.
+        if os.getpid() == master:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def render(path: str) -> str:

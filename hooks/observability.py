@@ -98,6 +98,15 @@ def metrics() -> bytes:
     return generate_latest(PROCESS_REGISTRY)
 
 
+def storage_problem() -> str | None:
+    """Why metrics cannot be recorded (every hook call records some), or None. Under `serve`
+    each worker keeps its metrics in files of a directory the master created."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory is None or (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        return None
+    return "the metrics directory (PROMETHEUS_MULTIPROC_DIR) is missing or not writable"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, structured fields, traceback."""
 

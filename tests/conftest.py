@@ -269,18 +269,36 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass
+class RunningServer:
+    """`infera-hooks serve` as a test started it."""
+
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def workers(self) -> list[int]:
+        """The gunicorn worker processes (the master's children)."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+
+
 @contextlib.contextmanager
-def start_server(log_dir: Path, *options: str, scheme: str = "http") -> Iterator[str]:
-    """`infera-hooks serve` (gunicorn, two workers) on a free loopback port; yields its URL."""
+def running_server(
+    log_dir: Path, *options: str, scheme: str = "http", workers: int = 2, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
+    """`infera-hooks serve` (gunicorn) on a free loopback port, ready; stopped by PID after.
+    `env` adds to the environment it inherits."""
     port = _free_port()
     log_path = log_dir / f"server-{port}.log"
     executable = Path(sys.executable).with_name("infera-hooks")
     command = [str(executable)] if executable.exists() else [sys.executable, "-m", "hooks"]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command + ["serve", "--bind", f"127.0.0.1:{port}", "--workers", "2", *options],
+            command + ["serve", "--bind", f"127.0.0.1:{port}", "--workers", str(workers), *options],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=os.environ | (env or {}),
         )
         url = f"{scheme}://127.0.0.1:{port}"
         unverified = ssl._create_unverified_context() if scheme == "https" else None  # only to see it is up
@@ -294,10 +312,25 @@ def start_server(log_dir: Path, *options: str, scheme: str = "http") -> Iterator
                     if process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"hook server did not start: {log_path.read_text()[-2000:]}") from None
                     time.sleep(0.1)
-            yield url
+            server = RunningServer(url, process, log_path)
+            # Ready means one worker answered; the others may still be forking.
+            while len(server.workers()) < workers and time.monotonic() < deadline:
+                time.sleep(0.05)
+            yield server
         finally:
             process.terminate()
-            process.wait(timeout=30)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def start_server(log_dir: Path, *options: str, scheme: str = "http") -> Iterator[str]:
+    """`infera-hooks serve` (gunicorn, two workers) on a free loopback port; yields its URL."""
+    with running_server(log_dir, *options, scheme=scheme) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

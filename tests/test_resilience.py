@@ -1,0 +1,82 @@
+"""The hook service survives its own failures, hostile specs and slow clients: each test runs a
+real `infera-hooks serve` on loopback and stops every process it starts by PID."""
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, HookClient, RunningServer, parent, request_body, running_server
+
+PD = REPO / "examples" / "pd-disaggregated.yaml"
+
+
+def pd_body() -> bytes:
+    return json.dumps(request_body(parent(PD))).encode()
+
+
+def wait_for(condition, seconds: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def replace_a_worker(server: RunningServer, sig: signal.Signals) -> None:
+    """Kill one gunicorn worker and wait until the master has replaced it."""
+    before = server.workers()
+    victim = before[0]
+    os.kill(victim, sig)
+    wait_for(lambda: victim not in server.workers() and len(server.workers()) == len(before), what="a replacement worker")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_die_and_are_replaced_any_number_of_times(tmp_path: Path, workers: int) -> None:
+    with running_server(tmp_path, workers=workers) as server:
+        client = HookClient(server.url)
+        for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGTERM):
+            replace_a_worker(server, sig)
+            # Every worker, old or new, answers: with two workers, enough calls reach both.
+            for _ in range(4 * workers):
+                assert client.request("POST", "/sync", pd_body()).status == 200
+                assert client.request("GET", "/metrics").status == 200
+                assert client.request("GET", "/readyz").status == 200
+        metrics = client.request("GET", "/metrics").body.decode()
+        assert 'infera_hook_requests_total{hook="sync",outcome="ok"}' in metrics
+
+
+def test_probes_fail_when_the_service_cannot_record_metrics(tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    with running_server(tmp_path, workers=1, env={"TMPDIR": str(scratch)}) as server:
+        client = HookClient(server.url)
+        (metrics_dir,) = scratch.glob("infera-hooks-metrics-*")
+        assert client.request("GET", "/healthz").json == {"status": "ok"}
+        shutil.rmtree(metrics_dir)
+        for path in ("/healthz", "/readyz"):
+            reply = client.request("GET", path)
+            assert reply.status == 503
+            assert reply.json["reason"] == "the metrics directory (PROMETHEUS_MULTIPROC_DIR) is missing or not writable"
+    # The master removes the directory it made, once, at exit; workers never do.
+    assert list(scratch.iterdir()) == []
+
+
+def test_readyz_fails_when_a_known_good_graph_does_not_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hooks import app as app_module
+    from hooks import reconcile
+
+    client = app_module.create_app().test_client()
+    assert client.get("/readyz").json == {"status": "ready"}
+    monkeypatch.setattr(reconcile, "render_children", lambda idep: [][0])
+    reply = client.get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json == {
+        "status": "not ready",
+        "reason": "a known-good graph renders as failed: internal error while rendering: list index out of range",
+    }
+    # Liveness only asks whether this process can serve at all: a restart would not fix a bug.
+    assert client.get("/healthz").status_code == 200
