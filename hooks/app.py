@@ -134,7 +134,9 @@ def _not_modified(etag: str) -> bool:
     return etag in (tag.strip() for tag in wanted.split(","))
 
 
-def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache) -> Response:
+def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache | None) -> Response:
+    """Answer one hook call. With a cache, a repeated request is answered from it (or 304 by
+    ETag); without one, every call is computed afresh."""
     started = time.perf_counter()
     parent: dict | None = None
     summary: observability.Summary | None = None
@@ -143,14 +145,16 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache)
         if not request.is_json:
             return error_response(415, "Content-Type must be application/json")
         raw = request.get_data()
-        etag = _etag(raw)
-        if _not_modified(etag):
-            outcome = "not_modified"
-            return Response(status=304, headers={"ETag": etag})
-        cached = cache.get(etag)
-        if cached is not None:
-            outcome, parent, summary = cached.outcome, cached.parent, cached.summary
-            return Response(cached.body, mimetype="application/json", headers={"ETag": etag})
+        etag = None
+        if cache is not None:
+            etag = _etag(raw)
+            if _not_modified(etag):
+                outcome = "not_modified"
+                return Response(status=304, headers={"ETag": etag})
+            cached = cache.get(etag)
+            if cached is not None:
+                outcome, parent, summary = cached.outcome, cached.parent, cached.summary
+                return Response(cached.body, mimetype="application/json", headers={"ETag": etag})
         try:
             hook_request = parse_request(json.loads(raw))
         except ValueError as error:  # JSONDecodeError and BadRequest
@@ -164,9 +168,10 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache)
         summary = observability.Summary.of(answer)
         outcome = "failed" if (answer.get("status") or {}).get("state") == "failed" else "ok"
         response = json_response(answer)
-        response.headers["ETag"] = etag
-        identity = {k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")}
-        cache.put(etag, Answer(response.get_data(), outcome, {"metadata": identity}, summary))
+        if cache is not None and etag is not None:
+            response.headers["ETag"] = etag
+            identity = {k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")}
+            cache.put(etag, Answer(response.get_data(), outcome, {"metadata": identity}, summary))
         return response
     finally:
         observability.record(name, outcome, time.perf_counter() - started, parent, summary)
@@ -224,7 +229,9 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
 
     @app.post("/finalize")
     def finalize() -> Response:
-        return _hook("finalize", teardown.finalize, cache)
+        # Teardown answers depend on the clock (a pod past its deletion deadline, the blind
+        # drain window): the same request must get a new answer once time has moved.
+        return _hook("finalize", teardown.finalize, None)
 
     @app.post("/customize")
     def customize() -> Response:

@@ -80,3 +80,49 @@ def test_readyz_fails_when_a_known_good_graph_does_not_render(monkeypatch: pytes
     }
     # Liveness only asks whether this process can serve at all: a restart would not fix a bug.
     assert client.get("/healthz").status_code == 200
+
+
+def plane_children() -> list[dict]:
+    """The children left for the last teardown step: the NATS broker and discovery identity."""
+    from hooks import reconcile
+    from hooks.contract import parse_request
+
+    answer = reconcile.sync(parse_request(request_body(parent(PD))))
+    return [child for child in answer["children"] if child["metadata"]["labels"]["infera.amd.com/service"] in ("nats", "disc")]
+
+
+def test_a_finalize_that_waits_on_the_clock_is_never_answered_from_the_cache(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    # A worker pod past its deletion deadline by 58-59 s, under the stuck-pod slack (60 s): still
+    # draining now, stuck (and no longer waited for) 2.1 s later. Same request both times.
+    def finalize_body() -> dict:
+        deadline = (datetime.now(UTC) - timedelta(seconds=58)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "qwen-pd-prefill-0",
+                "namespace": "default",
+                "deletionTimestamp": deadline,
+                "labels": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/component": "worker"},
+            },
+        }
+        body = request_body(parent(PD), plane_children())
+        body["finalizing"] = True
+        body["parent"]["metadata"]["deletionTimestamp"] = deadline
+        body["related"] = {"Pod.v1": {"default/qwen-pd-prefill-0": pod}}
+        return body
+
+    with running_server(tmp_path, workers=1) as server:
+        client = HookClient(server.url)
+        body = finalize_body()
+        first = client.post("/finalize", body)
+        assert first.status == 200 and "ETag" not in first.headers
+        assert first.json["status"]["message"] == "waiting for 1 worker pods to finish draining"
+        assert first.json["resyncAfterSeconds"] == 5
+        time.sleep(2.1)
+        second = client.request("POST", "/finalize", json.dumps(body).encode())
+        assert second.status == 200
+        assert second.json["status"]["message"] == "removing the NATS broker and discovery identity (5 objects)"
+        assert second.json["children"] == []
