@@ -343,7 +343,7 @@ class ServiceSpec(ApiModel):
     def _qualified_keys(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
         for key in metadata or {}:
             prefix = key.rpartition("/")[0]
-            if not QUALIFIED_NAME.match(key) or len(prefix) > 253:
+            if not QUALIFIED_NAME.fullmatch(key) or len(prefix) > 253:
                 raise ValueError(f"{key!r} is not a valid label or annotation key (e.g. example.com/team)")
         return metadata
 
@@ -435,7 +435,7 @@ class InferaDeploymentSpec(ApiModel):
     @classmethod
     def _service_names(cls, services: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
         for name in services:
-            if not DNS_LABEL.match(name):
+            if not DNS_LABEL.fullmatch(name):
                 raise ValueError(
                     f"service name {name!r} must be a DNS label: lower-case letters, digits "
                     "and '-', starting with a letter"
@@ -551,7 +551,7 @@ class ParentMeta(BaseModel):
     @classmethod
     def _dns_label(cls, name: str) -> str:
         # Child Service names start with it, so a DNS subdomain (with dots) is not enough.
-        if not DNS_LABEL.match(name):
+        if not DNS_LABEL.fullmatch(name):
             raise ValueError(PARENT_NAME_RULE)
         return name
     namespace: str = "default"

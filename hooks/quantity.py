@@ -31,7 +31,7 @@ MAX_EXPONENT = 30
 
 def _parse(text: str) -> tuple[Fraction, str]:
     """The exact value of a quantity and its format: binary, exponent or decimal."""
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if not match:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 4, 500m, 64Gi)")
     number_end = match.end(2)
