@@ -53,6 +53,9 @@ MAX_LWS_NAME = MAX_SET_NAME - len("-9999")
 # Suffixes of the operator's own children: a service with one of these names would collide.
 RESERVED_SERVICE_NAMES = ("nats", "disc", "epp")
 MAX_SERVICES = 256
+# spec.patches: bounded so that applying all of them (in place) takes well under a second.
+MAX_PATCHES = 100
+MAX_PATCH_OPERATIONS = 100
 
 # Cross-field rules, enforced twice with the same message: by the API server (CEL, at
 # `kubectl apply`) and by the hook (for objects stored before the CRD had the rule).
@@ -290,7 +293,7 @@ class ChildPatch(ApiModel):
 
     target: PatchTarget
     """Which child to patch."""
-    patch: list[JsonPatchOperation]
+    patch: Annotated[list[JsonPatchOperation], Field(max_length=MAX_PATCH_OPERATIONS)]
     """The operations, applied in order."""
 
 
@@ -428,7 +431,7 @@ class InferaDeploymentSpec(ApiModel):
         ),
     ]
     """The graph's components by name; pods and children are named <idep>-<service>."""
-    patches: list[ChildPatch] | None = None
+    patches: Annotated[list[ChildPatch], Field(max_length=MAX_PATCHES)] | None = None
     """RFC 6902 patches applied to rendered children, for what the API does not model."""
 
     @field_validator("services")

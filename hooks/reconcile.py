@@ -9,6 +9,7 @@ from hooks import preflight, status
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
+from hooks.limits import RenderedSize
 from hooks.renderers import discovery, gaie, nats
 from hooks.renderers.common import SERVICE_LABEL
 from hooks.renderers.patches import apply_patches
@@ -27,13 +28,22 @@ log = logging.getLogger(__name__)
 
 def render_children(idep: InferaDeployment) -> list[dict]:
     """Every desired child, in a stable order: plumbing first, then services by name, with
-    spec.patches applied."""
-    children = discovery.render(idep) + nats.render(idep) + gaie.render(idep)
+    spec.patches applied. Each child is measured as it is made: SpecError once one, or all
+    together, outgrow the size bounds."""
+    sizes = RenderedSize()
+    children: list[dict] = []
+
+    def add(child: dict) -> None:
+        sizes.add(child)
+        children.append(child)
+
+    for child in discovery.render(idep) + nats.render(idep) + gaie.render(idep):
+        add(child)
     for service, svc in sorted(idep.spec.services.items()):
-        children.append(workload(idep, service, svc))
+        add(workload(idep, service, svc))
         if not svc.is_worker:
-            children.append(server_service(idep, service, svc))
-    return apply_patches(idep, children)
+            add(server_service(idep, service, svc))
+    return apply_patches(idep.spec.patches or [], children, sizes)
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -189,9 +189,22 @@ def roll_up(
     return status
 
 
+# A failure message quotes what is wrong, and a hostile spec can make that anything: the status
+# (written to etcd on every change) stays small.
+MAX_MESSAGE = 2048
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    cut = MAX_MESSAGE - 40
+    return f"{message[:cut]} … ({len(message) - cut} more characters)"
+
+
 def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> dict[str, Any]:
     """A spec that cannot be rendered: say what is wrong; readiness is not judged meanwhile, and
     ChildKindsRegistered stays as last evaluated (so its transition time survives the fix)."""
+    message = _bounded(message)
     return {
         "state": "failed",
         "message": message,

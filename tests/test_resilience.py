@@ -126,3 +126,72 @@ def test_a_finalize_that_waits_on_the_clock_is_never_answered_from_the_cache(tmp
         assert second.status == 200
         assert second.json["status"]["message"] == "removing the NATS broker and discovery identity (5 objects)"
         assert second.json["children"] == []
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The most resident memory the process has had (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def with_patches(*patches: dict) -> dict:
+    obj = parent(PD)
+    obj["spec"]["patches"] = list(patches)
+    return obj
+
+
+DOUBLING_BOMB = {
+    "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+    # Each copy appends the whole list to itself: 2^99 items if nothing stopped it.
+    "patch": [{"op": "add", "path": "/spec/x", "value": ["payload"]}]
+    + [{"op": "copy", "from": "/spec/x", "path": "/spec/x/-"}] * 99,
+}
+
+
+def test_a_doubling_patch_bomb_fails_fast_in_bounded_memory(tmp_path: Path) -> None:
+    with running_server(tmp_path, workers=1) as server:
+        client = HookClient(server.url)
+        (worker,) = server.workers()
+        client.request("POST", "/sync", pd_body())  # warm: imports and caches
+        baseline = peak_rss_mib(worker)
+        started = time.monotonic()
+        answer = client.hook("/sync", request_body(with_patches(DOUBLING_BOMB)))
+        elapsed = time.monotonic() - started
+        assert answer["status"]["state"] == "failed"
+        assert answer["status"]["message"] == (
+            "patches[0] (Deployment qwen-pd-decode): operation 17 (copy /spec/x/-): Deployment qwen-pd-decode could "
+            "grow to 1,575,367 bytes; the API server stores at most 1,572,864 bytes (1.5 MiB) per object: shorten "
+            "what the spec puts in it (envs, args, extraPodSpec, patches)"
+        )
+        assert answer["children"] == []  # nothing was observed, so nothing is kept or created
+        assert elapsed < 1.0, f"the bomb took {elapsed:.2f} s"
+        assert peak_rss_mib(worker) - baseline < 64, "a bounded answer must not need much memory"
+        assert client.request("GET", "/readyz").status == 200
+
+
+def test_the_most_patch_operations_allowed_apply_quickly_and_more_are_refused(hooks: HookClient) -> None:
+    annotate = [{"op": "add", "path": "/metadata/annotations", "value": {}}]
+    patches = [
+        {
+            "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+            "patch": (annotate if p == 0 else []) + [
+                {"op": "add", "path": f"/metadata/annotations/example.com~1k{p}-{i}", "value": "v"}
+                for i in range(100 - (p == 0))
+            ],
+        }
+        for p in range(100)
+    ]
+    answer = hooks.hook("/sync", request_body(with_patches(*patches)))
+    assert answer["status"]["state"] == "initializing"
+    (decode,) = [c for c in answer["children"] if c["metadata"]["name"] == "qwen-pd-decode"]
+    assert len(decode["metadata"]["annotations"]) == 100 * 100 - 1
+
+    refused = hooks.hook("/sync", request_body(with_patches(*patches, patches[1])))
+    assert refused["status"]["message"] == "invalid spec: spec.patches: List should have at most 100 items after validation, not 101"
+    too_long = dict(patches[1], patch=patches[1]["patch"] * 2)
+    refused = hooks.hook("/sync", request_body(with_patches(too_long)))
+    assert refused["status"]["message"] == (
+        "invalid spec: spec.patches.0.patch: List should have at most 100 items after validation, not 200"
+    )
