@@ -42,6 +42,25 @@ QUALIFIED_NAME = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Kubernetes 1.32+ (RelaxedEnvironmentVariableValidation, on by default): any printable ASCII but '='.
+ENV_NAME = re.compile(r"[ -<>-~]+")
+INT32_MAX = 2**31 - 1
+# The API server's bound on one object's annotations, keys and values together.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+
+
+def qualified_key_problem(key: str) -> str | None:
+    """Why `key` is not a label or annotation key, or None."""
+    if QUALIFIED_NAME.fullmatch(key) and len(key.rpartition("/")[0]) <= 253:
+        return None
+    return f"{key!r} is not a valid label or annotation key (e.g. example.com/team)"
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why `name` is not an environment variable name the API server accepts, or None."""
+    if ENV_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a valid environment variable name (printable ASCII characters other than '=')"
 
 # Children are named <idep>-<service>. Services (and the label values derived from names) are
 # DNS-1035 labels of at most 63 characters; StatefulSet and LeaderWorkerSet pods also carry a
@@ -81,6 +100,8 @@ PARENT_NAME_RULE = (
     "metadata.name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): "
     "it starts the names of the graph's Services"
 )
+# An image reference holds no whitespace (the API server refuses it around the name).
+ImageReference = Annotated[str, Field(min_length=1, pattern=r"^\S*$")]
 IMAGE_RULE = "every service needs an image: set spec.image or services.<name>.image"
 GAIE_NAME_RULE = (
     f"metadata.name must be at most {MAX_CHILD_NAME - len('-epp')} characters while gaie.enabled is true "
@@ -181,27 +202,121 @@ class ApiModel(BaseModel):
     )
 
 
+# The pod fields an environment variable may read (the Downward API), besides metadata.labels['<key>']
+# and metadata.annotations['<key>'].
+ENV_FIELD_PATHS = (
+    "metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
+    "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs",
+)
+SUBSCRIPTED_FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']*)'\]")
+# The container resources an environment variable may read, and the divisors each accepts.
+CPU_DIVISORS = ("1m", "1")
+BYTE_DIVISORS = ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei")
+ENV_RESOURCES = ("limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu", "requests.memory", "requests.ephemeral-storage")
+ENV_SOURCE_RULE = "valueFrom must set exactly one of fieldRef, resourceFieldRef, configMapKeyRef and secretKeyRef"
+ENV_VALUE_RULE = "value and valueFrom cannot both be set"
+
+
+class ObjectFieldSelector(ApiModel):
+    """A field of the pod."""
+
+    # A one-value Literal would become `const`, which CRD schemas do not support.
+    api_version: Annotated[Literal["v1"], WithJsonSchema({"type": "string", "enum": ["v1"]})] = "v1"
+    """Schema version of fieldPath; only v1 (the API server stores it when omitted)."""
+    field_path: str
+    """metadata.name, metadata.namespace, metadata.uid, metadata.labels['<key>'], metadata.annotations['<key>'], spec.nodeName, spec.serviceAccountName, status.hostIP(s) or status.podIP(s)."""
+
+    @field_validator("field_path")
+    @classmethod
+    def _supported(cls, path: str) -> str:
+        subscripted = SUBSCRIPTED_FIELD_PATH.fullmatch(path)
+        if path in ENV_FIELD_PATHS or (subscripted and qualified_key_problem(subscripted.group(2)) is None):
+            return path
+        raise ValueError(f"{path!r} is not a pod field an environment variable can read ({', '.join(ENV_FIELD_PATHS)}, metadata.labels['<key>'], metadata.annotations['<key>'])")
+
+
+class ResourceFieldSelector(ApiModel):
+    """A resource limit or request of a container."""
+
+    container_name: str | None = None
+    """The container; this one when unset."""
+    resource: str
+    """limits.cpu, limits.memory, limits.ephemeral-storage, requests.* of the same, or limits/requests.hugepages-<size>."""
+    divisor: Quantity | None = None
+    """Unit of the value: 1m or 1 for cpu; 1, 1k, 1Ki, 1M, 1Mi, ... for the others."""
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ResourceFieldSelector":
+        if not (self.resource in ENV_RESOURCES or self.resource.startswith(("limits.hugepages-", "requests.hugepages-"))):
+            raise ValueError(f"resource {self.resource!r} is not one an environment variable can read ({', '.join(ENV_RESOURCES)}, limits.hugepages-<size>, requests.hugepages-<size>)")
+        divisors = CPU_DIVISORS if self.resource.endswith(".cpu") else BYTE_DIVISORS
+        if self.divisor is not None and self.divisor not in divisors:
+            raise ValueError(f"divisor {self.divisor!r} is not one of {', '.join(divisors)} for {self.resource}")
+        return self
+
+
+class KeySelector(ApiModel):
+    """A key of a ConfigMap or Secret in the InferaDeployment's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+    """Name of the ConfigMap or Secret."""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    """The key to read."""
+    optional: bool | None = None
+    """Start the pod even when the object or key is missing."""
+
+
+class EnvVarSource(ApiModel):
+    """Where a variable's value comes from: exactly one source."""
+
+    model_config = with_validations(
+        cel(
+            " + ".join(f"(has(self.{key}) ? 1 : 0)" for key in ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")) + " == 1",
+            ENV_SOURCE_RULE,
+        )
+    )
+
+    field_ref: ObjectFieldSelector | None = None
+    """A field of the pod, e.g. status.podIP."""
+    resource_field_ref: ResourceFieldSelector | None = None
+    """A resource limit or request of a container."""
+    config_map_key_ref: KeySelector | None = None
+    """A key of a ConfigMap."""
+    secret_key_ref: KeySelector | None = None
+    """A key of a Secret."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvVarSource":
+        sources = (self.field_ref, self.resource_field_ref, self.config_map_key_ref, self.secret_key_ref)
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError(ENV_SOURCE_RULE)
+        return self
+
+
 class EnvVar(ApiModel):
     """An environment variable, as in a Kubernetes container."""
 
-    name: Annotated[str, Field(min_length=1)]
-    """Name of the variable."""
+    model_config = with_validations(cel("!has(self.value) || self.value == '' || !has(self.valueFrom)", ENV_VALUE_RULE))
+
+    name: Annotated[str, Field(min_length=1, json_schema_extra={"pattern": f"^{ENV_NAME.pattern}$"})]
+    """Name of the variable: printable ASCII characters other than '='."""
     value: str | None = None
     """Literal value; `$(VAR)` references to earlier variables are expanded by Kubernetes."""
-    value_from: Annotated[
-        dict[str, Any] | None,
-        open_object("Source of the value (fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef)."),
-    ] = None
+    value_from: EnvVarSource | None = None
     """Source of the value (fieldRef, resourceFieldRef, configMapKeyRef, secretKeyRef)."""
 
-    @field_validator("value_from")
+    @field_validator("name")
     @classmethod
-    def _canonical_divisor(cls, value_from: dict[str, Any] | None) -> dict[str, Any] | None:
-        """A resourceFieldRef divisor is a quantity the API server rewrites; store its form."""
-        field_ref = (value_from or {}).get("resourceFieldRef")
-        if isinstance(field_ref, dict) and "divisor" in field_ref:
-            return {**value_from, "resourceFieldRef": {**field_ref, "divisor": _quantity(field_ref["divisor"])}}
-        return value_from
+    def _valid_name(cls, name: str) -> str:
+        if problem := env_name_problem(name):
+            raise ValueError(problem)
+        return name
+
+    @model_validator(mode="after")
+    def _one_value(self) -> "EnvVar":
+        if self.value and self.value_from is not None:
+            raise ValueError(ENV_VALUE_RULE)
+        return self
 
 
 class NatsSpec(ApiModel):
@@ -209,11 +324,11 @@ class NatsSpec(ApiModel):
 
     deploy: bool = True
     """Create a single-node JetStream NATS (StatefulSet + headless Service) for this graph."""
-    image: Annotated[str, Field(min_length=1)] | None = None
+    image: ImageReference | None = None
     """NATS server image. Defaults to a NATS 2.x tag pinned by this operator release."""
     storage_size: Quantity = "4Gi"
     """Size of the JetStream PersistentVolumeClaim."""
-    storage_class_name: str | None = None
+    storage_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
     """StorageClass of the JetStream PVC; the cluster default when unset."""
     retain_storage: bool = False
     """Keep the JetStream PVC when the InferaDeployment is deleted (by default it is deleted too)."""
@@ -233,7 +348,7 @@ class GaieSpec(ApiModel):
 
     enabled: bool = False
     """Create the Endpoint Picker, InferencePool and HTTPRoute and inject the frontend sidecar."""
-    epp_image: Annotated[str, Field(min_length=1)] | None = None
+    epp_image: ImageReference | None = None
     """Image of the Endpoint Picker and the frontend sidecar; defaults to spec.image."""
     tokenizer_path: Annotated[str, Field(min_length=1)] | None = None
     """Tokenizer (HF model id or local path) the EPP uses for token-aware scoring. Required when enabled."""
@@ -253,10 +368,18 @@ class GaieSpec(ApiModel):
 class ResourcesSpec(ApiModel):
     """Compute resources of each pod of a service."""
 
-    gpu: Annotated[int, Field(ge=0)] | None = None
+    gpu: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
     """GPUs per pod, set as both request and limit of `gpuType`. 0 or unset: no GPU."""
     gpu_type: str = DEFAULT_GPU_TYPE
     """Extended resource name of the GPU."""
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _extended_resource(cls, name: str) -> str:
+        domain = name.partition("/")[0]
+        if "/" in name and QUALIFIED_NAME.fullmatch(name) and not domain.endswith("kubernetes.io") and not name.startswith("requests."):
+            return name
+        raise ValueError(f"{name!r} is not an extended resource name: a domain outside kubernetes.io, '/' and a name, e.g. amd.com/gpu")
     cpu: Quantity | None = None
     """CPU request, e.g. 8 or 500m."""
     memory: Quantity | None = None
@@ -314,11 +437,11 @@ class ServiceSpec(ApiModel):
     """server: the OpenAI-compatible router (no GPU). worker: a GPU engine pool."""
     role: Annotated[Literal["mixed", "prefill", "decode"], Field(json_schema_extra={"maxLength": 7})] = "mixed"
     """Disaggregation role of a worker pool."""
-    replicas: Annotated[int, Field(ge=0)] = 1
+    replicas: Annotated[int, Field(ge=0, le=INT32_MAX)] = 1
     """Pods (single-node) or groups (multi-node)."""
-    number_of_nodes: Annotated[int, Field(ge=1)] = 1
+    number_of_nodes: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
     """Nodes per replica. 1: a Deployment; more: a LeaderWorkerSet spanning that many nodes."""
-    image: Annotated[str, Field(min_length=1)] | None = None
+    image: ImageReference | None = None
     """Container image of this service; defaults to spec.image."""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
     """Port the service listens on. Defaults: server 8000, worker 30000."""
@@ -345,9 +468,8 @@ class ServiceSpec(ApiModel):
     @classmethod
     def _qualified_keys(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
         for key in metadata or {}:
-            prefix = key.rpartition("/")[0]
-            if not QUALIFIED_NAME.fullmatch(key) or len(prefix) > 253:
-                raise ValueError(f"{key!r} is not a valid label or annotation key (e.g. example.com/team)")
+            if problem := qualified_key_problem(key):
+                raise ValueError(problem)
         return metadata
 
     @model_validator(mode="after")
@@ -405,7 +527,7 @@ class InferaDeploymentSpec(ApiModel):
 
     backend_framework: Literal["sglang", "vllm"] = "sglang"
     """Engine of the workers: runs the module infera.engine.<backendFramework>."""
-    image: Annotated[str, Field(min_length=1)] | None = None
+    image: ImageReference | None = None
     """Default container image of every service."""
     discovery_backend: Annotated[Literal["kubernetes", "etcd"], Field(json_schema_extra={"maxLength": 10})] = "kubernetes"
     """How the server finds workers: kubernetes (watches this graph's pods) or etcd."""
@@ -584,6 +706,19 @@ class InferaDeployment(BaseModel):
             raise ValueError(NATS_NAME_RULE)
         if self.spec.gaie.enabled and len(self.name) + len("-epp") > MAX_CHILD_NAME:
             raise ValueError(GAIE_NAME_RULE)
+        return self
+
+    @model_validator(mode="after")
+    def _pod_annotation_sizes(self) -> "InferaDeployment":
+        inherited = {k: v for k, v in self.metadata.annotations.items() if k.startswith("infera")}
+        for service, svc in sorted(self.spec.services.items()):
+            annotations = inherited | (svc.pod_annotations or {})
+            size = sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+            if size > MAX_ANNOTATIONS_BYTES:
+                raise ValueError(
+                    f"spec.services.{service}.podAnnotations: the pods would carry {size:,} bytes of annotations "
+                    f"(with the InferaDeployment's infera* annotations); the API server allows at most {MAX_ANNOTATIONS_BYTES:,}"
+                )
         return self
 
     @property

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from hooks import reconcile
+from hooks import admission, reconcile
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, parse_request
 from hooks.crd import crd_yaml
 
@@ -39,6 +39,8 @@ def serve(options: ServeOptions) -> None:
     from hooks.observability import LOGGING
 
     auth = TokenFile(options.auth_token_file) if options.auth_token_file else None
+    # Workers inherit the compiled schema validators instead of each compiling them on a call.
+    admission.warm_up()
 
     class HookServer(BaseApplication):
         def load_config(self) -> None:

@@ -156,7 +156,7 @@ def check_graph(idep: InferaDeployment, children: list[dict]) -> None:
                 entry = entry_point(container)
                 if entry is None:
                     continue
-                where = f"services.{service}" if svc else f"{child['kind']} {child['metadata']['name']}"
+                where = f"spec.services.{service}" if svc else f"{child['kind']} {child['metadata']['name']}"
                 if svc and index == primary_index(containers):
                     check_process(where, idep, svc, entry, leader)
                 plane = kv_plane(entry)

@@ -90,3 +90,8 @@ def canonical_quantity(text: str) -> str:
     while (again := _format(*_parse(canonical))) != canonical:
         canonical = again
     return canonical
+
+
+def quantity_value(text: str) -> Fraction:
+    """The exact value of a quantity; ValueError if it is not one."""
+    return _parse(text.strip())[0]

@@ -5,7 +5,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hooks import preflight, status
+from hooks import admission, preflight, status
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
@@ -43,7 +43,9 @@ def render_children(idep: InferaDeployment) -> list[dict]:
         add(workload(idep, service, svc))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
-    return apply_patches(idep.spec.patches or [], children, sizes)
+    patched = apply_patches(idep.spec.patches or [], children, sizes)
+    admission.check(idep, children, patched)
+    return patched
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -200,7 +200,7 @@ def env_var(var: Any) -> dict:
     if var.value:
         rendered["value"] = var.value
     if var.value_from is not None:
-        rendered["valueFrom"] = var.value_from
+        rendered["valueFrom"] = var.value_from.model_dump(by_alias=True, exclude_none=True)
     return rendered
 
 

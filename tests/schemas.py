@@ -9,6 +9,7 @@ vanishing on the cluster.
 import json
 from functools import cache
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -92,3 +93,80 @@ def validate(obj: dict[str, Any], crd_dirs: list[Path]) -> None:
         raise AssertionError(f"{label}: {error}") from None
     except kubernetes_validate.SchemaNotFoundError as error:
         raise AssertionError(f"{label}: no schema for {api_version} {kind}: {error}") from None
+
+
+# The kinds whose schemas the hook ships (hooks/kubernetes-schema.json), by the definition that
+# describes them: every core kind it renders, and the pod template a LeaderWorkerSet embeds.
+HOOK_SCHEMA_ROOTS = {
+    "Deployment": "io.k8s.api.apps.v1.Deployment",
+    "StatefulSet": "io.k8s.api.apps.v1.StatefulSet",
+    "Service": "io.k8s.api.core.v1.Service",
+    "ServiceAccount": "io.k8s.api.core.v1.ServiceAccount",
+    "Role": "io.k8s.api.rbac.v1.Role",
+    "RoleBinding": "io.k8s.api.rbac.v1.RoleBinding",
+    "PodTemplateSpec": "io.k8s.api.core.v1.PodTemplateSpec",
+}
+INTEGER_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def _hook_definition(node: Any) -> Any:
+    """A definition as the hook validates it: no descriptions; local references; integer
+    formats as explicit ranges (a JSON Schema `format` says nothing about numbers); oneOf as
+    anyOf (kubernetes-validate's quantity and int-or-string unions both admit null, which
+    oneOf would then refuse)."""
+    if isinstance(node, list):
+        return [_hook_definition(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "description":
+            continue
+        if key == "$ref":
+            out[key] = "#/definitions/" + value.rsplit("/", 1)[1]
+        elif key == "oneOf":
+            out["anyOf"] = _hook_definition(value)
+        elif key in ("properties", "patternProperties", "$defs", "definitions"):
+            out[key] = {name: _hook_definition(sub) for name, sub in value.items()}
+        else:
+            out[key] = _hook_definition(value)
+    if node.get("format") in INTEGER_RANGES:
+        out["minimum"], out["maximum"] = INTEGER_RANGES[node["format"]]
+    return out
+
+
+def _references(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value.rsplit("/", 1)[1]
+            else:
+                yield from _references(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _references(item)
+
+
+def hook_schema() -> str:
+    """hooks/kubernetes-schema.json: the Kubernetes 1.33 definitions of HOOK_SCHEMA_ROOTS and
+    everything they reference, generated from kubernetes-validate's strict schemas."""
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBERNETES_VERSION}-local-strict"
+    definitions = json.loads((root / "_definitions.json").read_text())["$defs"]
+    wanted: set[str] = set()
+    pending = list(HOOK_SCHEMA_ROOTS.values())
+    while pending:
+        name = pending.pop()
+        if name not in wanted:
+            wanted.add(name)
+            pending.extend(_references(definitions[name]))
+    document = {
+        "kubernetesVersion": KUBERNETES_VERSION,
+        "roots": HOOK_SCHEMA_ROOTS,
+        "definitions": {name: _hook_definition(definitions[name]) for name in sorted(wanted)},
+    }
+    return json.dumps(document, sort_keys=True, indent=1) + "\n"
+
+
+if __name__ == "__main__":
+    # Regenerate: python -m tests.schemas > hooks/kubernetes-schema.json
+    print(hook_schema(), end="")

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 15
+    assert len(rules) == 19
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -125,6 +125,18 @@ CASES = [
     ("no image anywhere", lambda obj: obj["spec"].pop("image"), api.IMAGE_RULE),
     ("nats name over 52", rename("n" * 48), api.NATS_NAME_RULE),
     ("vLLM prefill without a kv role", vllm_prefill_without_args, api.VLLM_ROLE_RULE),
+    (
+        "env with value and valueFrom",
+        spec_change(envs=[{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+        api.ENV_VALUE_RULE,
+    ),
+    (
+        "valueFrom with two sources",
+        service_change("decode", env=[{"name": "A", "valueFrom": {
+            "fieldRef": {"fieldPath": "metadata.name"}, "secretKeyRef": {"name": "s", "key": "k"}}}]),
+        api.ENV_SOURCE_RULE,
+    ),
+    ("valueFrom with no source", spec_change(envs=[{"name": "A", "valueFrom": {}}]), api.ENV_SOURCE_RULE),
 ]
 
 

@@ -167,18 +167,18 @@ def test_primary_is_main_or_infera_else_first(hooks) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"containers": "main"}, "services.prefill.extraPodSpec.containers must be a list of objects"),
-        ({"volumes": [1]}, "services.prefill.extraPodSpec.volumes must be a list of objects"),
+        ({"containers": "main"}, "spec.services.prefill.extraPodSpec.containers must be a list of objects"),
+        ({"volumes": [1]}, "spec.services.prefill.extraPodSpec.volumes must be a list of objects"),
         ({"containers": [{"name": "main", "resources": {"limits": {"memory": "lots"}}}]},
-         "services.prefill.extraPodSpec.containers[0].resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+         "spec.services.prefill.extraPodSpec.containers[0].resources.limits.memory: 'lots' is not a Kubernetes quantity"),
         # The API server would drop an unknown field, and Metacontroller re-apply it on every sync.
         ({"nodeSelecter": {"a": "b"}, "": 1},
-         "services.prefill.extraPodSpec: '', 'nodeSelecter' are not fields of a Kubernetes PodSpec"),
+         "spec.services.prefill.extraPodSpec: '', 'nodeSelecter' are not fields of a Kubernetes PodSpec"),
         ({"containers": [{"name": "main", "imagePullPolcy": "Always"}]},
-         "services.prefill.extraPodSpec.containers[0]: 'imagePullPolcy' is not a field of a Kubernetes Container"),
-        ({"containers": [{"image": "x"}, {"image": "sidecar"}]}, "services.prefill.extraPodSpec.containers[1] needs a name"),
-        ({"initContainers": [{"image": "x"}]}, "services.prefill.extraPodSpec.initContainers[0] needs a name"),
-        ({"volumes": [{"emptyDir": {}}]}, "services.prefill.extraPodSpec.volumes[0] needs a name"),
+         "spec.services.prefill.extraPodSpec.containers[0]: 'imagePullPolcy' is not a field of a Kubernetes Container"),
+        ({"containers": [{"image": "x"}, {"image": "sidecar"}]}, "spec.services.prefill.extraPodSpec.containers[1] needs a name"),
+        ({"initContainers": [{"image": "x"}]}, "spec.services.prefill.extraPodSpec.initContainers[0] needs a name"),
+        ({"volumes": [{"emptyDir": {}}]}, "spec.services.prefill.extraPodSpec.volumes[0] needs a name"),
     ],
 )
 def test_malformed_templates_fail_and_keep_children(hooks, extra: dict, message: str) -> None:
@@ -288,21 +288,21 @@ SGLANG = ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port"
     ("spec", "command", "message"),
     [
         ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, SGLANG,
-         "services.prefill: the command discovers through kubernetes, but discoveryBackend is etcd: pass "
+         "spec.services.prefill: the command discovers through kubernetes, but discoveryBackend is etcd: pass "
          "--discovery-backend etcd --etcd-endpoint etcd:2379"),
         ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, [*SGLANG, "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"],
-         "services.prefill: under etcd discovery a worker registers its --host (0.0.0.0) unless told otherwise: "
+         "spec.services.prefill: under etcd discovery a worker registers its --host (0.0.0.0) unless told otherwise: "
          "pass --advertise-host $(POD_IP)"),
         ({"nats": {"deploy": False}}, SGLANG,
-         "services.prefill: the command uses NATS (--request-transport nats, --kv-event-transport nats, the runtime's "
+         "spec.services.prefill: the command uses NATS (--request-transport nats, --kv-event-transport nats, the runtime's "
          "defaults unless set) but nats.deploy is false and it names no broker"),
         ({"nats": {"deploy": False}}, [*SGLANG, "--request-transport", "http"],
-         "services.prefill: the command uses NATS (--kv-event-transport nats"),
+         "spec.services.prefill: the command uses NATS (--kv-event-transport nats"),
         ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "8080", "--model-path", "/m"],
-         "services.prefill: the command listens on port 8080, but the service's port is 30000: "
-         "set services.prefill.port to 8080"),
+         "spec.services.prefill: the command listens on port 8080, but the service's port is 30000: "
+         "set spec.services.prefill.port to 8080"),
         ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0"],
-         "services.prefill: infera.engine.sglang requires --model-path"),
+         "spec.services.prefill: infera.engine.sglang requires --model-path"),
     ],
     ids=["etcd-backend", "etcd-advertise", "nats-off", "nats-off-kv-events", "port", "model"],
 )
@@ -328,7 +328,7 @@ def test_a_template_that_says_it_all_is_accepted(hooks) -> None:
 def test_a_missing_disaggregation_mode_says_what_to_add(hooks) -> None:
     obj = pd_with("decode", {"containers": [{"name": "main", "command": SGLANG}]}, args=["--tp-size", "1"])
     status = hooks.sync(obj)["status"]
-    assert "services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: " \
+    assert "spec.services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: " \
            "add --disaggregation-mode decode" in status["message"]
 
 
@@ -374,14 +374,14 @@ def test_templates_that_work_are_accepted(hooks, spec: dict, template: dict) -> 
     ("template", "fields", "message"),
     [
         (worker_template([*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "8080"}]), {},
-         "services.prefill: the command listens on port 8080"),
+         "spec.services.prefill: the command listens on port 8080"),
         (worker_template([*SGLANG_PREFILL, "--k8s-label-selector", "a=b", "--router-policy=kv-aware"]), {},
-         "services.prefill: --k8s-label-selector, --router-policy belong to the router; infera.engine.sglang exits on them"),
+         "spec.services.prefill: --k8s-label-selector, --router-policy belong to the router; infera.engine.sglang exits on them"),
         (worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"]), {},
-         "the graph's processes do not share one KV-event plane: services.decode (infera) uses nats, "
-         "services.prefill (main) uses zmq"),
+         "the graph's processes do not share one KV-event plane: spec.services.decode (infera) uses nats, "
+         "spec.services.prefill (main) uses zmq"),
         (worker_template(SGLANG_PREFILL), {"numberOfNodes": 2},
-         "services.prefill: a rank of a 2-node group needs --nnodes, --node-rank, --dist-init-addr"),
+         "spec.services.prefill: a rank of a 2-node group needs --nnodes, --node-rank, --dist-init-addr"),
     ],
     ids=["expanded-port", "router-flags", "kv-plane", "rendezvous"],
 )

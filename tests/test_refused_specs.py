@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, parent
+from tests.schemas import hook_schema
 from tests.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
@@ -99,3 +100,131 @@ def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontrol
     assert len(message) <= 2048
     assert message.startswith("invalid spec: spec.services.decode.podLabels: 'kkkk")
     assert message.endswith(" more characters)")
+
+
+def extra(service: str, **pod_spec: Any) -> Change:
+    return lambda spec: spec["services"][service].update(extraPodSpec=pod_spec)
+
+
+def patch(kind: str, name: str, *operations: dict[str, Any]) -> Change:
+    return lambda spec: spec.update(patches=[{"target": {"kind": kind, "name": name}, "patch": list(operations)}])
+
+
+EPS = "spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-pd-decode made from it: "
+PATCHED = "patches[0] (Deployment qwen-pd-decode): the API server would refuse the patched Deployment: "
+REFUSED_BY_THE_API_SERVER = {
+    "extraPodSpec command as a string": (
+        extra("decode", containers=[{"name": "main", "command": "python3 -m infera.engine.sglang"}]),
+        EPS + "spec.template.spec.containers[0].command: must be array or null",
+    ),
+    "extraPodSpec hostNetwork as a string": (
+        extra("decode", hostNetwork="yes"),
+        EPS + "spec.template.spec.hostNetwork: must be boolean or null",
+    ),
+    "extraPodSpec port out of range": (
+        extra("decode", containers=[{"name": "main", "ports": [{"containerPort": 70000}]}]),
+        EPS + "spec.template.spec.containers[0].ports[0].containerPort: 70000 is not a port number (1-65535)",
+    ),
+    "extraPodSpec port name too long": (
+        extra("decode", containers=[{"name": "main", "ports": [{"containerPort": 9000, "name": "metrics-endpoint-x"}]}]),
+        EPS + "spec.template.spec.containers[0].ports[0].name: 'metrics-endpoint-x' is not a valid port name "
+        "(at most 15 lower-case letters, digits and '-', with a letter, no '--')",
+    ),
+    "extraPodSpec unnamed sidecar": (
+        extra("decode", containers=[{"name": "main"}, {"image": "busybox"}]),
+        "spec.services.decode.extraPodSpec.containers[1] needs a name",
+    ),
+    "extraPodSpec container name with upper case": (
+        extra("decode", containers=[{"name": "main"}, {"name": "Sidecar", "image": "busybox"}]),
+        EPS + "spec.template.spec.containers[1].name: 'Sidecar' is not a DNS label",
+    ),
+    "extraPodSpec env name with '='": (
+        extra("decode", containers=[{"name": "main", "env": [{"name": "A=B", "value": "1"}]}]),
+        EPS + "spec.template.spec.containers[0].env[0].name: 'A=B' is not a valid environment variable name "
+        "(printable ASCII characters other than '=')",
+    ),
+    "extraPodSpec garbage valueFrom": (
+        extra("decode", containers=[{"name": "main", "env": [{"name": "A", "valueFrom": {"garbage": 1}}]}]),
+        EPS + "spec.template.spec.containers[0].env[0].valueFrom: must not contain {'garbage'} properties",
+    ),
+    "extraPodSpec mount of a missing volume": (
+        extra("decode", containers=[{"name": "main", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}]),
+        EPS + "spec.template.spec.containers[0].volumeMounts[0].name: no volume named 'models' in the pod",
+    ),
+    "extraPodSpec GPU request above its limit": (
+        extra("decode", containers=[{"name": "main", "resources": {"requests": {"cpu": "8"}, "limits": {"cpu": "4"}}}]),
+        EPS + "spec.template.spec.containers[0].resources.requests.cpu: must not exceed the limit (4)",
+    ),
+    "extraPodSpec restartPolicy Never": (
+        extra("decode", restartPolicy="Never"),
+        EPS + "spec.template.spec.restartPolicy: 'Never': a workload's pods must use Always",
+    ),
+    "env name with '='": (
+        lambda spec: spec.update(envs=[{"name": "A=B", "value": "1"}]),
+        "invalid spec: spec.envs.0.name: 'A=B' is not a valid environment variable name (printable ASCII characters "
+        "other than '=')",
+    ),
+    "garbage valueFrom": (
+        lambda spec: spec["services"]["decode"].update(env=[{"name": "A", "valueFrom": {"garbage": 1}}]),
+        "invalid spec: spec.services.decode.env.0.valueFrom.garbage: Extra inputs are not permitted",
+    ),
+    "valueFrom of an unknown pod field": (
+        lambda spec: spec.update(envs=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}]),
+        "invalid spec: spec.envs.0.valueFrom.fieldRef.fieldPath: 'status.phase' is not a pod field an environment "
+        "variable can read (metadata.name, metadata.namespace, metadata.uid, spec.nodeName, spec.serviceAccountName, "
+        "status.hostIP, status.hostIPs, status.podIP, status.podIPs, metadata.labels['<key>'], "
+        "metadata.annotations['<key>'])",
+    ),
+    "gpuType that is not an extended resource": (
+        lambda spec: spec["services"]["decode"]["resources"].update(gpuType="gpu"),
+        "invalid spec: spec.services.decode.resources.gpuType: 'gpu' is not an extended resource name: a domain "
+        "outside kubernetes.io, '/' and a name, e.g. amd.com/gpu",
+    ),
+    "replicas past int32": (
+        lambda spec: spec["services"]["decode"].update(replicas=2**31),
+        "invalid spec: spec.services.decode.replicas: Input should be less than or equal to 2147483647",
+    ),
+    "pod annotations over 256 KiB": (
+        lambda spec: spec["services"]["decode"].update(podAnnotations={"example.com/blob": "x" * (256 * 1024)}),
+        "invalid spec: spec.services.decode.podAnnotations: the pods would carry 262,160 bytes of annotations (with "
+        "the InferaDeployment's infera* annotations); the API server allows at most 262,144",
+    ),
+    "image with a space": (
+        lambda spec: spec.update(image="rocm/infera latest"),
+        "invalid spec: spec.image: String should match pattern '^\\S*$'",
+    ),
+    "patch that breaks the selector": (
+        patch("Deployment", "qwen-pd-decode",
+              {"op": "replace", "path": "/spec/template/metadata/labels/infera.amd.com~1service", "value": "other"}),
+        PATCHED + "spec.template.metadata.labels: do not match spec.selector",
+    ),
+    "patch that removes the template": (
+        patch("Deployment", "qwen-pd-decode", {"op": "remove", "path": "/spec/template"}),
+        PATCHED + "spec: must contain ['template'] properties",
+    ),
+    "patch that makes a rollout impossible": (
+        patch("Deployment", "qwen-pd-decode", {"op": "replace", "path": "/spec/strategy/rollingUpdate/maxUnavailable", "value": 0}),
+        PATCHED + "spec.strategy.rollingUpdate.maxUnavailable: may not be 0 while maxSurge is 0",
+    ),
+    "patch with a string replica count": (
+        patch("Deployment", "qwen-pd-decode", {"op": "replace", "path": "/spec/replicas", "value": "2"}),
+        PATCHED + "spec.replicas: must be integer or null",
+    ),
+    "patch on a Service port": (
+        lambda spec: spec.update(patches=[{"target": {"kind": "Service", "name": "qwen-pd-server"},
+                                           "patch": [{"op": "replace", "path": "/spec/ports/0/port", "value": 0}]}]),
+        "patches[0] (Service qwen-pd-server): the API server would refuse the patched Service: "
+        "spec.ports[0].port: 0 is not a port number (1-65535)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_BY_THE_API_SERVER)
+def test_what_the_api_server_would_refuse_fails_in_the_hook(converged: Metacontroller, case: str) -> None:
+    change, message = REFUSED_BY_THE_API_SERVER[case]
+    assert refusal(converged, change) == message
+
+
+def test_committed_kubernetes_schema_is_what_the_generator_prints() -> None:
+    committed = (REPO / "hooks" / "kubernetes-schema.json").read_text()
+    assert committed == hook_schema(), "regenerate: python -m tests.schemas > hooks/kubernetes-schema.json"

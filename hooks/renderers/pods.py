@@ -151,7 +151,7 @@ def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader:
         spec["containers"].append(frontend_sidecar(idep))
         metadata["labels"][GAIE_FRONTEND_LABEL] = "true"
     if svc.extra_pod_spec is not None:
-        where = f"services.{service}.extraPodSpec"
+        where = f"spec.services.{service}.extraPodSpec"
         spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
     _complete_primary(svc, spec, leader)
     return {"metadata": metadata, "spec": spec}

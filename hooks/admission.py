@@ -1,0 +1,347 @@
+"""What the API server would refuse, caught before Metacontroller applies it.
+
+Children rendered from typed fields are valid by construction (the test suite validates every
+one against Kubernetes' schemas). Two inputs are free-form: a service's `extraPodSpec` and
+`spec.patches`. The children they shape are checked here, against Kubernetes 1.33's schemas
+(hooks/kubernetes-schema.json, generated from kubernetes-validate) and the API server's own
+rules for what a schema cannot say (names, ports, selectors, sizes), so that a bad spec fails
+in status naming its field instead of every apply failing where only events show it.
+
+Custom kinds (LeaderWorkerSet, InferencePool, HTTPRoute) get their pod templates checked; the
+rest of a patch on them is left to the API server.
+"""
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from fractions import Fraction
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import fastjsonschema
+
+from hooks.api import (
+    MAX_ANNOTATIONS_BYTES,
+    QUALIFIED_NAME,
+    InferaDeployment,
+    SpecError,
+    env_name_problem,
+    qualified_key_problem,
+)
+from hooks.quantity import quantity_value
+from hooks.renderers.common import SERVICE_LABEL
+
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+# Resource names the API server knows without a domain prefix.
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+POD_TEMPLATES = {
+    "Deployment": [("spec", "template")],
+    "StatefulSet": [("spec", "template")],
+    "LeaderWorkerSet": [("spec", "leaderWorkerTemplate", "leaderTemplate"), ("spec", "leaderWorkerTemplate", "workerTemplate")],
+}
+
+Problem = tuple[str, str]  # (path in the child, what is wrong)
+
+
+@cache
+def _definitions() -> dict[str, Any]:
+    return json.loads(resources.files("hooks").joinpath("kubernetes-schema.json").read_text(encoding="utf-8"))
+
+
+@cache
+def schema_validator(kind: str) -> Callable[[Any], Any] | None:
+    """A compiled validator for a kind the hook ships a schema of (or PodTemplateSpec)."""
+    document = _definitions()
+    root = document["roots"].get(kind)
+    if root is None:
+        return None
+    return fastjsonschema.compile({"$ref": f"#/definitions/{root}", "definitions": document["definitions"]})
+
+
+def warm_up() -> None:
+    """Compile every validator now (about half a second): before gunicorn forks its workers,
+    so that no hook call pays for it."""
+    for kind in _definitions()["roots"]:
+        schema_validator(kind)
+
+
+def _path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out.lstrip(".")
+
+
+def _schema_problem(kind: str, obj: Any, prefix: tuple = ()) -> Problem | None:
+    validator = schema_validator(kind)
+    if validator is None:
+        return None
+    try:
+        validator(obj)
+    except fastjsonschema.JsonSchemaValueException as error:
+        # error.name is the failing path as `data.spec.containers[0]`; the message repeats it.
+        detail = error.message.removeprefix(error.name).strip()
+        return ".".join(filter(None, (_path(prefix), error.name.removeprefix("data").lstrip(".")))) or kind, detail
+    return None
+
+
+def _at(obj: Any, path: tuple) -> Any:
+    for part in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
+    if not isinstance(metadata, dict):
+        return
+    for key, value in (metadata.get("labels") or {}).items():
+        if problem := qualified_key_problem(key):
+            yield f"{where}.labels", problem
+        if not (isinstance(value, str) and len(value) <= 63 and LABEL_VALUE.fullmatch(value)):
+            yield f"{where}.labels.{key}", f"{value!r} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)"
+    annotations = metadata.get("annotations") or {}
+    for key in annotations:
+        if problem := qualified_key_problem(key):
+            yield f"{where}.annotations", problem
+    size = sum(len(key.encode()) + len(str(value).encode()) for key, value in annotations.items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        yield f"{where}.annotations", f"{size:,} bytes of annotations; the API server allows at most {MAX_ANNOTATIONS_BYTES:,}"
+
+
+def _port_name_problem(name: str) -> str | None:
+    """IANA service names: what a container port or a Service targetPort may be called."""
+    if 1 <= len(name) <= 15 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and "--" not in name and re.search("[a-z]", name):
+        return None
+    return f"{name!r} is not a valid port name (at most 15 lower-case letters, digits and '-', with a letter, no '--')"
+
+
+def _quantity(value: Any) -> Fraction | None:
+    try:
+        return quantity_value(str(value))
+    except ValueError:
+        return None
+
+
+def _extended(name: str) -> bool:
+    """A device or other extended resource: requests must equal limits."""
+    return "/" in name and not name.startswith("kubernetes.io/")
+
+
+def _resources_problems(requirements: dict, where: str) -> Iterator[Problem]:
+    requests, limits = requirements.get("requests") or {}, requirements.get("limits") or {}
+    for bound, quantities in (("requests", requests), ("limits", limits)):
+        for name, value in quantities.items():
+            if not (name in STANDARD_RESOURCES or name.startswith("hugepages-") or ("/" in name and QUALIFIED_NAME.fullmatch(name))):
+                yield f"{where}.{bound}", f"{name!r} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> or a domain-prefixed name such as amd.com/gpu)"
+            elif _quantity(value) is None:
+                yield f"{where}.{bound}.{name}", f"{value!r} is not a Kubernetes quantity"
+    for name in sorted(set(requests) & set(limits)):
+        request, limit = _quantity(requests[name]), _quantity(limits[name])
+        if request is None or limit is None:
+            continue
+        if _extended(name) and request != limit:
+            yield f"{where}.requests.{name}", f"must equal the limit ({limits[name]}): {name} cannot be overcommitted"
+        elif request > limit:
+            yield f"{where}.requests.{name}", f"must not exceed the limit ({limits[name]})"
+    for name in sorted(set(requests) - set(limits)):
+        if _extended(name):
+            yield f"{where}.limits", f"{name} is requested but has no limit: it cannot be overcommitted"
+
+
+def _container_problems(container: dict, where: str, volumes: set[str]) -> Iterator[Problem]:
+    image = container.get("image")
+    if not image or image != image.strip():
+        yield f"{where}.image", "an image is required, without leading or trailing whitespace: its pods could not be created"
+    names: set[str] = set()
+    for index, port in enumerate(container.get("ports") or []):
+        at = f"{where}.ports[{index}]"
+        if not 1 <= port["containerPort"] <= 65535:
+            yield f"{at}.containerPort", f"{port['containerPort']} is not a port number (1-65535)"
+        if port.get("hostPort") and not 1 <= port["hostPort"] <= 65535:
+            yield f"{at}.hostPort", f"{port['hostPort']} is not a port number (1-65535)"
+        if port.get("protocol") not in (None, *PROTOCOLS):
+            yield f"{at}.protocol", f"{port['protocol']!r} must be one of {', '.join(PROTOCOLS)}"
+        if port.get("name"):
+            if problem := _port_name_problem(port["name"]):
+                yield f"{at}.name", problem
+            elif port["name"] in names:
+                yield f"{at}.name", f"{port['name']!r} names two ports"
+            names.add(port["name"])
+    for index, var in enumerate(container.get("env") or []):
+        at = f"{where}.env[{index}]"
+        if problem := env_name_problem(var["name"]):
+            yield f"{at}.name", problem
+        source = var.get("valueFrom")
+        if source is not None:
+            if var.get("value"):
+                yield f"{at}.valueFrom", "may not be set together with value"
+            if sum(1 for key in ENV_SOURCES if source.get(key) is not None) != 1:
+                yield f"{at}.valueFrom", f"must set exactly one of {', '.join(ENV_SOURCES)}"
+    paths: set[str] = set()
+    for index, mount in enumerate(container.get("volumeMounts") or []):
+        at = f"{where}.volumeMounts[{index}]"
+        if mount["name"] not in volumes:
+            yield f"{at}.name", f"no volume named {mount['name']!r} in the pod"
+        if not mount["mountPath"] or mount["mountPath"] in paths:
+            yield f"{at}.mountPath", f"{mount['mountPath']!r} must be set and mounted once per container"
+        paths.add(mount["mountPath"])
+    yield from _resources_problems(container.get("resources") or {}, f"{where}.resources")
+
+
+def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
+    yield from _metadata_problems(template.get("metadata"), f"{where}.metadata")
+    spec = template.get("spec") or {}
+    at = f"{where}.spec"
+    if spec.get("restartPolicy") not in (None, "Always"):
+        yield f"{at}.restartPolicy", f"{spec['restartPolicy']!r}: a workload's pods must use Always"
+    volumes: set[str] = set()
+    for index, volume in enumerate(spec.get("volumes") or []):
+        name = volume["name"]
+        if not DNS1123_LABEL.fullmatch(name) or len(name) > 63:
+            yield f"{at}.volumes[{index}].name", f"{name!r} is not a DNS label"
+        elif name in volumes:
+            yield f"{at}.volumes[{index}].name", f"{name!r} names two volumes"
+        if sum(1 for key, value in volume.items() if key != "name" and value is not None) != 1:
+            yield f"{at}.volumes[{index}]", "must set exactly one volume source (emptyDir, configMap, persistentVolumeClaim, ...)"
+        volumes.add(name)
+    if not spec.get("containers"):
+        yield f"{at}.containers", "at least one container is required"
+    names: set[str] = set()
+    for kind in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(kind) or []):
+            name = container["name"]
+            if not DNS1123_LABEL.fullmatch(name) or len(name) > 63:
+                yield f"{at}.{kind}[{index}].name", f"{name!r} is not a DNS label"
+            elif name in names:
+                yield f"{at}.{kind}[{index}].name", f"{name!r} names two containers"
+            names.add(name)
+            yield from _container_problems(container, f"{at}.{kind}[{index}]", volumes)
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _zero(value: Any) -> bool:
+    return value in (0, "0%")
+
+
+def _workload_problems(child: dict) -> Iterator[Problem]:
+    spec = child.get("spec") or {}
+    selector = spec.get("selector") or {}
+    if child["kind"] in ("Deployment", "StatefulSet"):
+        labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if not (selector.get("matchLabels") or selector.get("matchExpressions")):
+            yield "spec.selector", "must select the template's pods"
+        elif not _selects(selector, labels):
+            yield "spec.template.metadata.labels", "do not match spec.selector"
+    rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+    # Both default to 25% when absent.
+    if rolling and _zero(rolling.get("maxSurge", "25%")) and _zero(rolling.get("maxUnavailable", "25%")):
+        yield "spec.strategy.rollingUpdate.maxUnavailable", "may not be 0 while maxSurge is 0"
+    for path in POD_TEMPLATES.get(child["kind"], []):
+        template = _at(child, path)
+        if isinstance(template, dict):
+            yield from _pod_problems(template, ".".join(path))
+
+
+def _service_problems(child: dict) -> Iterator[Problem]:
+    ports = (child.get("spec") or {}).get("ports") or []
+    names: set[str] = set()
+    for index, port in enumerate(ports):
+        at = f"spec.ports[{index}]"
+        if not 1 <= port["port"] <= 65535:
+            yield f"{at}.port", f"{port['port']} is not a port number (1-65535)"
+        target = port.get("targetPort")
+        if isinstance(target, int) and not 1 <= target <= 65535:
+            yield f"{at}.targetPort", f"{target} is not a port number (1-65535)"
+        elif isinstance(target, str) and (problem := _port_name_problem(target)):
+            yield f"{at}.targetPort", problem
+        if port.get("protocol") not in (None, *PROTOCOLS):
+            yield f"{at}.protocol", f"{port['protocol']!r} must be one of {', '.join(PROTOCOLS)}"
+        name = port.get("name")
+        if len(ports) > 1 and not name:
+            yield f"{at}.name", "every port of a Service with several ports needs a name"
+        elif name and name in names:
+            yield f"{at}.name", f"{name!r} names two ports"
+        names.add(name or "")
+    for key, value in ((child.get("spec") or {}).get("selector") or {}).items():
+        if not (isinstance(value, str) and len(value) <= 63 and LABEL_VALUE.fullmatch(value)):
+            yield f"spec.selector.{key}", f"{value!r} is not a valid label value"
+
+
+# Syncs re-render the same children over and over (each child status change is a new request):
+# a verdict is kept by the child's digest, which costs a tenth of checking it again.
+VERDICTS_KEPT = 4096
+_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+
+
+def refusal(child: dict) -> str | None:
+    """Why the API server would refuse this child, or None (for the checks this module makes)."""
+    digest = hashlib.blake2b(json.dumps(child, sort_keys=True, separators=(",", ":")).encode(), digest_size=16).digest()
+    if digest in _verdicts:
+        _verdicts.move_to_end(digest)
+        return _verdicts[digest]
+    verdict = _check_child(child)
+    _verdicts[digest] = verdict
+    if len(_verdicts) > VERDICTS_KEPT:
+        _verdicts.popitem(last=False)
+    return verdict
+
+
+def _check_child(child: dict) -> str | None:
+    problem = _schema_problem(child["kind"], child)
+    if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
+        for path in POD_TEMPLATES["LeaderWorkerSet"]:
+            problem = problem or _schema_problem("PodTemplateSpec", _at(child, path), path)
+    if problem is None:
+        semantic = _metadata_problems(child.get("metadata"), "metadata")
+        if child["kind"] in POD_TEMPLATES:
+            semantic = (*semantic, *_workload_problems(child))
+        elif child["kind"] == "Service":
+            semantic = (*semantic, *_service_problems(child))
+        problem = next(iter(semantic), None)
+    return None if problem is None else f"{problem[0]}: {problem[1]}"
+
+
+def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> None:
+    """SpecError naming the spec field behind the first child the API server would refuse:
+    the service's extraPodSpec, or the patches on that child. `rendered` are the children before
+    spec.patches, `patched` after (a patched child is a new object)."""
+    templated = {service for service, svc in idep.spec.services.items() if svc.extra_pod_spec}
+    patches = idep.spec.patches or []
+    for before, after in zip(rendered, patched):
+        service = (after["metadata"].get("labels") or {}).get(SERVICE_LABEL)
+        if after is before and service not in templated:
+            continue
+        reason = refusal(after)
+        if reason is None:
+            continue
+        name = f"{after['kind']} {after['metadata']['name']}"
+        if after is not before and (service not in templated or refusal(before) is None):
+            indices = [
+                f"patches[{index}]" for index, patch in enumerate(patches)
+                if (patch.target.kind, patch.target.name) == (after["kind"], after["metadata"]["name"])
+            ]
+            raise SpecError(f"{', '.join(indices)} ({name}): the API server would refuse the patched {after['kind']}: {reason}")
+        raise SpecError(f"spec.services.{service}.extraPodSpec: the API server would refuse {name} made from it: {reason}")
