@@ -4,13 +4,12 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from hooks import admission, reconcile
+from hooks import admission, metrics_dir, reconcile
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, parse_request
 from hooks.crd import crd_yaml
 
@@ -29,11 +28,10 @@ class ServeOptions:
 def serve(options: ServeOptions) -> None:
     # prometheus_client picks its multi-process storage when it is first imported, so the
     # directory must exist before the app (and its metrics) is imported.
-    metrics_dir = tempfile.mkdtemp(prefix="infera-hooks-metrics-")
+    metrics_directory = metrics_dir.create()
     master = os.getpid()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_directory
     from gunicorn.app.base import BaseApplication
-    from prometheus_client import multiprocess
 
     from hooks.app import TokenFile, create_app
     from hooks.observability import LOGGING
@@ -52,7 +50,7 @@ def serve(options: ServeOptions) -> None:
             self.cfg.set("logconfig_dict", LOGGING)
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
-            self.cfg.set("child_exit", lambda _server, worker: multiprocess.mark_process_dead(worker.pid))
+            self.cfg.set("child_exit", lambda _server, worker: metrics_dir.fold_dead_worker(metrics_directory, worker.pid))
             if "control_socket_disable" in self.cfg.settings:
                 # Unused, and it would need a writable home directory.
                 self.cfg.set("control_socket_disable", True)
@@ -69,7 +67,7 @@ def serve(options: ServeOptions) -> None:
         # A gunicorn worker is a fork that leaves through this same frame when it exits: only
         # the master owns the directory, which its replacement workers still write to.
         if os.getpid() == master:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(metrics_directory, ignore_errors=True)
 
 
 def render(path: str) -> str:

@@ -4,14 +4,19 @@ hook call, and gunicorn's own logs in the same JSON format."""
 import json
 import logging
 import os
+import sqlite3
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client import REGISTRY as PROCESS_REGISTRY
+
+from hooks import metrics_dir
 
 STATES = ("initializing", "pending", "ready", "failed", "terminating")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -23,15 +28,6 @@ HOOK_SECONDS = Histogram(
     ["hook", "outcome"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
-# 1 for an InferaDeployment's current state, 0 for the others (all 0 once finalized); across
-# gunicorn workers the most recent value wins. Each hook replica exports its own series, so count
-# with `count by (state) (max by (namespace, name, state) (infera_inferadeployment_state) == 1)`.
-STATE = Gauge(
-    "infera_inferadeployment_state",
-    "Current state of each InferaDeployment (1 for its state, 0 for the others).",
-    ["namespace", "name", "state"],
-    multiprocess_mode="mostrecent",
-)
 
 log = logging.getLogger("hooks")
 
@@ -42,9 +38,29 @@ def _call_metrics(hook: str, outcome: str) -> tuple[Any, Any]:
     return HOOK_CALLS.labels(hook, outcome), HOOK_SECONDS.labels(hook, outcome)
 
 
-@lru_cache(maxsize=65536)
-def _state_metrics(namespace: str, name: str) -> tuple[tuple[str, Any], ...]:
-    return tuple((state, STATE.labels(namespace, name, state)) for state in STATES)
+class StateGauge:
+    """infera_inferadeployment_state: one series per InferaDeployment, labelled with its current
+    state, value 1; a finalized one has none. Each hook replica exports the states it answered,
+    so count with `count by (state) (max by (namespace, name, state) (infera_inferadeployment_state))`."""
+
+    def __init__(self, table: metrics_dir.StateTable) -> None:
+        self.table = table
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "infera_inferadeployment_state",
+            "Current state of each InferaDeployment (a series labelled with it, value 1).",
+            labels=["namespace", "name", "state"],
+        )
+        for row in self.table.rows():
+            family.add_metric(row, 1)
+        yield family
+
+
+_directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+STATE_TABLE = metrics_dir.StateTable(os.path.join(_directory, metrics_dir.STATES_FILE) if _directory else ":memory:")
+if _directory is None:
+    PROCESS_REGISTRY.register(StateGauge(STATE_TABLE))
 
 
 def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | None, summary: "Summary | None") -> None:
@@ -55,9 +71,12 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
     metadata = (parent or {}).get("metadata") or {}
     state = summary.state if summary else None
     if (state in STATES or (summary and summary.finalized)) and isinstance(metadata.get("name"), str):
-        # A finalized InferaDeployment is gone: it counts in no state any more.
-        for each, gauge in _state_metrics(str(metadata.get("namespace", "")), metadata["name"]):
-            gauge.set(1 if each == state and not summary.finalized else 0)
+        namespace = str(metadata.get("namespace", ""))
+        try:
+            # A finalized InferaDeployment is gone: it has no state any more.
+            STATE_TABLE.set(namespace, metadata["name"], None if summary.finalized else state)
+        except sqlite3.Error as error:  # the answer matters more than the metric; /healthz reports it
+            log.warning("could not record the state of %s/%s: %s", namespace, metadata["name"], error)
     fields = {
         "hook": hook,
         "namespace": metadata.get("namespace"),
@@ -91,20 +110,25 @@ class Summary:
 
 def metrics() -> bytes:
     """Prometheus text format: every worker's metrics when running under `serve`."""
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+    if _directory is None:
+        return generate_latest(PROCESS_REGISTRY)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    registry.register(StateGauge(STATE_TABLE))
+    with metrics_dir.locked(_directory):
         return generate_latest(registry)
-    return generate_latest(PROCESS_REGISTRY)
 
 
 def storage_problem() -> str | None:
     """Why metrics cannot be recorded (every hook call records some), or None. Under `serve`
     each worker keeps its metrics in files of a directory the master created."""
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if directory is None or (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
-        return None
-    return "the metrics directory (PROMETHEUS_MULTIPROC_DIR) is missing or not writable"
+    if _directory is not None and not (os.path.isdir(_directory) and os.access(_directory, os.W_OK | os.X_OK)):
+        return "the metrics directory (PROMETHEUS_MULTIPROC_DIR) is missing or not writable"
+    try:
+        STATE_TABLE.check()
+    except sqlite3.Error as error:
+        return f"the InferaDeployment state table cannot be read: {error}"
+    return None
 
 
 class JsonFormatter(logging.Formatter):

@@ -263,6 +263,15 @@ class HookClient:
         return self.hook("/sync", request_body(parent_obj, observed, version, composite=controller_for(parent_obj)))
 
 
+def scrape(client: HookClient) -> dict[str, float]:
+    samples = {}
+    for line in client.request("GET", "/metrics").body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

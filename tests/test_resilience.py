@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, HookClient, RunningServer, parent, request_body, running_server
+from tests.conftest import REPO, HookClient, RunningServer, parent, request_body, running_server, scrape
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 
@@ -195,3 +195,94 @@ def test_the_most_patch_operations_allowed_apply_quickly_and_more_are_refused(ho
     assert refused["status"]["message"] == (
         "invalid spec: spec.patches.0.patch: List should have at most 100 items after validation, not 200"
     )
+
+
+def metrics_directory(scratch: Path) -> Path:
+    (directory,) = scratch.glob("infera-hooks-metrics-*")
+    return directory
+
+
+def stored_bytes(directory: Path) -> int:
+    """What the files take in memory on a tmpfs: allocated blocks, not apparent sizes."""
+    return sum(path.stat().st_blocks * 512 for path in directory.iterdir())
+
+
+def test_dead_workers_counts_are_kept_in_one_file_per_type(tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    with running_server(tmp_path, workers=2, env={"TMPDIR": str(scratch)}) as server:
+        client = HookClient(server.url)
+        calls = 0
+        for sig in (signal.SIGKILL, signal.SIGTERM) * 3:
+            for _ in range(3):
+                assert client.request("POST", "/sync", pd_body()).status == 200
+                calls += 1
+            replace_a_worker(server, sig)
+        samples = scrape(client)
+        files = sorted(path.name for path in metrics_directory(scratch).glob("*.db"))
+    # Six workers died: their counts are all there, in one merged file per type.
+    assert samples['infera_hook_requests_total{hook="sync",outcome="ok"}'] == calls == 18
+    assert samples['infera_hook_duration_seconds_count{hook="sync",outcome="ok"}'] == 18
+    assert [name for name in files if not name.split("_")[1].split(".")[0].isdigit()] == [
+        "counter_merged.db", "histogram_merged.db",
+    ]
+    assert len(files) <= 2 + 2 * 2  # plus the live workers' own
+
+
+def test_a_directory_left_by_a_killed_master_is_removed_at_start(tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    (scratch / "infera-hooks-metrics-999999999-abcdef").mkdir(parents=True)  # no such process
+    (scratch / f"infera-hooks-metrics-{os.getpid()}-abcdef").mkdir()  # this test: still running
+    with running_server(tmp_path, workers=1, env={"TMPDIR": str(scratch)}) as server:
+        names = sorted(path.name for path in scratch.iterdir())
+    (own,) = [name for name in names if name.startswith(f"infera-hooks-metrics-{server.process.pid}-")]
+    assert names == sorted([f"infera-hooks-metrics-{os.getpid()}-abcdef", own])
+
+
+FLEET = 10_000
+# The pod's /tmp is a 16 Mi in-memory volume; the metrics must leave most of it free.
+METRICS_BUDGET_BYTES = 4 * 1024 * 1024
+
+
+def small_graph(index: int) -> dict:
+    """A distinct two-service InferaDeployment: namespace and name as long as real ones get."""
+    from hooks.app import READINESS_PROBE_REQUEST
+
+    obj = json.loads(json.dumps(READINESS_PROBE_REQUEST["parent"]))
+    obj["metadata"] = {"name": f"inference-graph-{index:05d}-qwen3-0-6b", "namespace": f"team-{index % 100:03d}-inference",
+                       "generation": 1, "uid": f"uid-{index}"}
+    if index % 3 == 0:
+        obj["spec"]["backendFramework"] = "tensorrt"  # failed: a state too
+    return obj
+
+
+def test_ten_thousand_inferadeployments_stay_within_the_metrics_budget(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    with running_server(tmp_path, workers=2, env={"TMPDIR": str(scratch)}) as server:
+        client = HookClient(server.url)
+
+        def call(path: str, index: int) -> int:
+            body = {"parent": small_graph(index), "children": {}}
+            if path == "/finalize":
+                body["finalizing"] = True
+                body["parent"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            return client.request("POST", path, json.dumps(body).encode()).status
+
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(lambda i: call("/sync", i), range(FLEET))) == {200}
+            directory = metrics_directory(scratch)
+            used = stored_bytes(directory)
+            states = [line for line in client.request("GET", "/metrics").body.decode().splitlines()
+                      if line.startswith("infera_inferadeployment_state{")]
+            assert len(states) == FLEET
+            assert sum(line.endswith('state="failed"} 1.0') for line in states) == len(range(0, FLEET, 3))
+            assert used <= METRICS_BUDGET_BYTES, f"{used:,} bytes for {FLEET:,} InferaDeployments"
+
+            assert set(pool.map(lambda i: call("/finalize", i), range(FLEET))) == {200}
+        metrics = client.request("GET", "/metrics").body.decode()
+        assert "infera_inferadeployment_state{" not in metrics  # finalized: no series left
+        assert stored_bytes(directory) <= METRICS_BUDGET_BYTES
+        assert client.request("GET", "/healthz").status == 200
