@@ -3,9 +3,9 @@
 Children rendered from typed fields are valid by construction (the test suite validates every
 one against Kubernetes' schemas). Two inputs are free-form: a service's `extraPodSpec` and
 `spec.patches`. The children they shape are checked here, against Kubernetes 1.33's schemas
-(hooks/kubernetes-schema.json, generated from kubernetes-validate) and the API server's own
-rules for what a schema cannot say (names, ports, selectors, sizes), so that a bad spec fails
-in status naming its field instead of every apply failing where only events show it.
+(hooks/kubernetes_schema.py) and the API server's own rules for what a schema cannot say
+(names, ports, selectors, sizes), so that a bad spec fails in status naming its field instead
+of every apply failing where only events show it.
 
 Custom kinds (LeaderWorkerSet, InferencePool, HTTPRoute) get their pod templates checked; the
 rest of a patch on them is left to the API server.
@@ -15,14 +15,11 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from fractions import Fraction
-from functools import cache
-from importlib import resources
 from typing import Any
 
-import fastjsonschema
-
+from hooks import kubernetes_schema
 from hooks.api import (
     MAX_ANNOTATIONS_BYTES,
     QUALIFIED_NAME,
@@ -31,6 +28,7 @@ from hooks.api import (
     env_name_problem,
     qualified_key_problem,
 )
+from hooks.kubernetes_schema import Problem
 from hooks.quantity import quantity_value
 from hooks.renderers.common import SERVICE_LABEL
 
@@ -46,49 +44,6 @@ POD_TEMPLATES = {
     "LeaderWorkerSet": [("spec", "leaderWorkerTemplate", "leaderTemplate"), ("spec", "leaderWorkerTemplate", "workerTemplate")],
 }
 
-Problem = tuple[str, str]  # (path in the child, what is wrong)
-
-
-@cache
-def _definitions() -> dict[str, Any]:
-    return json.loads(resources.files("hooks").joinpath("kubernetes-schema.json").read_text(encoding="utf-8"))
-
-
-@cache
-def schema_validator(kind: str) -> Callable[[Any], Any] | None:
-    """A compiled validator for a kind the hook ships a schema of (or PodTemplateSpec)."""
-    document = _definitions()
-    root = document["roots"].get(kind)
-    if root is None:
-        return None
-    return fastjsonschema.compile({"$ref": f"#/definitions/{root}", "definitions": document["definitions"]})
-
-
-def warm_up() -> None:
-    """Compile every validator now (about half a second): before gunicorn forks its workers,
-    so that no hook call pays for it."""
-    for kind in _definitions()["roots"]:
-        schema_validator(kind)
-
-
-def _path(parts: Any) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out.lstrip(".")
-
-
-def _schema_problem(kind: str, obj: Any, prefix: tuple = ()) -> Problem | None:
-    validator = schema_validator(kind)
-    if validator is None:
-        return None
-    try:
-        validator(obj)
-    except fastjsonschema.JsonSchemaValueException as error:
-        # error.name is the failing path as `data.spec.containers[0]`; the message repeats it.
-        detail = error.message.removeprefix(error.name).strip()
-        return ".".join(filter(None, (_path(prefix), error.name.removeprefix("data").lstrip(".")))) or kind, detail
-    return None
 
 
 def _at(obj: Any, path: tuple) -> Any:
@@ -310,10 +265,10 @@ def refusal(child: dict) -> str | None:
 
 
 def _check_child(child: dict) -> str | None:
-    problem = _schema_problem(child["kind"], child)
+    problem = kubernetes_schema.problem(child["kind"], child)
     if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
         for path in POD_TEMPLATES["LeaderWorkerSet"]:
-            problem = problem or _schema_problem("PodTemplateSpec", _at(child, path), path)
+            problem = problem or kubernetes_schema.problem("PodTemplateSpec", _at(child, path), path)
     if problem is None:
         semantic = _metadata_problems(child.get("metadata"), "metadata")
         if child["kind"] in POD_TEMPLATES:

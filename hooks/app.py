@@ -6,10 +6,8 @@ Hook endpoints may require a bearer token; health and metrics stay open.
 """
 
 import hashlib
-import hmac
 import json
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +20,8 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hooks import observability, reconcile, teardown
-from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, HookRequest, parse_request
+from hooks.auth import TokenFile
+from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, HookRequest, decode, parse_request
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 log = logging.getLogger("hooks")
@@ -50,31 +49,6 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def error_response(status: int, message: str) -> Response:
     return json_response({"error": message}, status)
-
-
-class TokenFile:
-    """A bearer token read from a file (a mounted Secret), re-read when the file changes."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._stamp: float | None = None
-        self._token = b""
-        self.token()  # fail at start-up, not on the first call, if the file is unreadable
-
-    def token(self) -> bytes:
-        stamp = os.stat(self.path).st_mtime
-        if stamp != self._stamp:
-            with open(self.path, "rb") as stream:
-                token = stream.read().strip()
-            if not token:
-                raise ValueError(f"the auth token file {self.path} is empty")
-            self._stamp, self._token = stamp, token
-        return self._token
-
-    def admits(self, header: str | None) -> bool:
-        scheme, _, credential = (header or "").partition(" ")
-        # compare_digest takes the same time whatever prefix matches.
-        return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), self.token())
 
 
 @dataclass(frozen=True)
@@ -156,7 +130,7 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache 
                 outcome, parent, summary = cached.outcome, cached.parent, cached.summary
                 return Response(cached.body, mimetype="application/json", headers={"ETag": etag})
         try:
-            hook_request = parse_request(json.loads(raw))
+            hook_request = parse_request(decode(raw))
         except ValueError as error:  # JSONDecodeError and BadRequest
             prefix = "" if isinstance(error, BadRequest) else "request body is not valid JSON: "
             return error_response(400, f"{prefix}{error}")
@@ -261,6 +235,7 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
     @app.errorhandler(Exception)
     def unexpected(error: Exception) -> Response:
         log.exception("unhandled error on %s", request.path)
-        return error_response(500, f"internal error: {error}")
+        # Say what failed, not where: an exception's text can hold file paths and internals.
+        return error_response(500, f"internal error while answering {request.path} ({type(error).__name__}); the hook's log has the details")
 
     return app

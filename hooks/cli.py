@@ -1,73 +1,16 @@
 """`infera-hooks`: serve the hooks, preview what an InferaDeployment renders, print the CRD."""
 
 import argparse
-import os
-import shutil
 import sys
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 import yaml
 
-from hooks import admission, metrics_dir, reconcile
+from hooks import reconcile
+from hooks.auth import TokenFile, TokenFileError
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, parse_request
 from hooks.crd import crd_yaml
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    bind: str
-    workers: int
-    timeout: int
-    max_request_bytes: int
-    auth_token_file: str | None
-    certfile: str | None
-    keyfile: str | None
-
-
-def serve(options: ServeOptions) -> None:
-    # prometheus_client picks its multi-process storage when it is first imported, so the
-    # directory must exist before the app (and its metrics) is imported.
-    metrics_directory = metrics_dir.create()
-    master = os.getpid()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_directory
-    from gunicorn.app.base import BaseApplication
-
-    from hooks.app import TokenFile, create_app
-    from hooks.observability import LOGGING
-
-    auth = TokenFile(options.auth_token_file) if options.auth_token_file else None
-    # Workers inherit the compiled schema validators instead of each compiling them on a call.
-    admission.warm_up()
-
-    class HookServer(BaseApplication):
-        def load_config(self) -> None:
-            self.cfg.set("bind", [options.bind])
-            self.cfg.set("workers", options.workers)
-            self.cfg.set("timeout", options.timeout)
-            # On SIGTERM, in-flight hook calls finish before the workers exit.
-            self.cfg.set("graceful_timeout", 20)
-            self.cfg.set("logconfig_dict", LOGGING)
-            # /tmp may be the only writable place with a read-only root filesystem.
-            self.cfg.set("worker_tmp_dir", "/tmp")
-            self.cfg.set("child_exit", lambda _server, worker: metrics_dir.fold_dead_worker(metrics_directory, worker.pid))
-            if "control_socket_disable" in self.cfg.settings:
-                # Unused, and it would need a writable home directory.
-                self.cfg.set("control_socket_disable", True)
-            if options.certfile:
-                self.cfg.set("certfile", options.certfile)
-                self.cfg.set("keyfile", options.keyfile)
-
-        def load(self) -> Any:
-            return create_app(options.max_request_bytes, auth)
-
-    try:
-        HookServer().run()
-    finally:
-        # A gunicorn worker is a fork that leaves through this same frame when it exits: only
-        # the master owns the directory, which its replacement workers still write to.
-        if os.getpid() == master:
-            shutil.rmtree(metrics_directory, ignore_errors=True)
+from hooks.server import ServeOptions, serve
 
 
 def render(path: str) -> str:
@@ -85,16 +28,39 @@ def render(path: str) -> str:
     return "---\n".join(out)
 
 
+def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a number above zero (`--workers 0` would start a master that serves nothing)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="infera-hooks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve the Metacontroller hooks under gunicorn")
     serve_cmd.add_argument("--bind", default="0.0.0.0:8080", help="HOST:PORT (default 0.0.0.0:8080)")
-    serve_cmd.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default 2)")
-    serve_cmd.add_argument("--timeout", type=int, default=30, help="seconds before a stuck worker restarts")
+    serve_cmd.add_argument("--workers", type=positive(int), default=2, help="gunicorn worker processes (default 2)")
+    serve_cmd.add_argument(
+        "--timeout", type=positive(int), default=30, help="seconds before a stuck worker restarts (default 30)"
+    )
+    serve_cmd.add_argument(
+        "--read-timeout",
+        type=positive(float),
+        default=10.0,
+        help="seconds a client has to send a request body; then 408 (default 10, Metacontroller's hook timeout)",
+    )
     serve_cmd.add_argument(
         "--max-request-bytes",
-        type=int,
+        type=positive(int),
         default=DEFAULT_MAX_REQUEST_BYTES,
         help=f"larger request bodies get 413 (default {DEFAULT_MAX_REQUEST_BYTES // (1024 * 1024)} MiB)",
     )
@@ -110,10 +76,21 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.command == "serve":
         if bool(args.certfile) != bool(args.keyfile):
-            parser.error("--certfile and --keyfile go together")
+            serve_cmd.error("--certfile and --keyfile go together")
+        try:
+            auth = TokenFile(args.auth_token_file) if args.auth_token_file else None
+        except TokenFileError as error:
+            serve_cmd.error(str(error))
         serve(
             ServeOptions(
-                args.bind, args.workers, args.timeout, args.max_request_bytes, args.auth_token_file, args.certfile, args.keyfile
+                args.bind,
+                args.workers,
+                args.timeout,
+                args.read_timeout,
+                args.max_request_bytes,
+                auth,
+                args.certfile,
+                args.keyfile,
             )
         )
     elif args.command == "render":

@@ -7,6 +7,7 @@ only the objects matter, never the keys. Answers may hold only `status`, `childr
 """
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,12 +57,15 @@ def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
     """Registered kinds from `controller.spec.childResources`, else from the children map,
     which Metacontroller fills with every registered type (`{}` when none exists)."""
     controller = body.get("controller")
-    resources = ((controller.get("spec") or {}) if isinstance(controller, dict) else {}).get("childResources")
+    spec = controller.get("spec") if isinstance(controller, dict) else None
+    resources = spec.get("childResources") if isinstance(spec, dict) else None
     if isinstance(resources, list):
         return frozenset(
             (CHILD_KINDS[key], key[0])
             for entry in resources
-            if isinstance(entry, dict) and (key := (entry.get("apiVersion"), entry.get("resource"))) in CHILD_KINDS
+            if isinstance(entry, dict)
+            and all(isinstance(entry.get(field), str) for field in ("apiVersion", "resource"))
+            and (key := (entry["apiVersion"], entry["resource"])) in CHILD_KINDS
         )
     children = body.get("children")
     if isinstance(children, dict) and children:
@@ -81,11 +85,60 @@ def _objects(group: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(by_name, dict):
             raise BadRequest(f"'{where}.{type_key}' must be an object keyed by child name")
         for key, child in sorted(by_name.items()):
-            metadata = child.get("metadata") if isinstance(child, dict) else None
-            if not (isinstance(metadata, dict) and isinstance(metadata.get("name"), str) and isinstance(child.get("kind"), str)):
-                raise BadRequest(f"'{where}.{type_key}.{key}' must be a Kubernetes object with a kind and a name")
+            if not _is_kubernetes_object(child):
+                raise BadRequest(
+                    f"'{where}.{type_key}.{key}' must be a Kubernetes object: a kind, a name, labels and annotations "
+                    "of strings, spec and status objects"
+                )
             objects.append(child)
     return objects
+
+
+def _is_kubernetes_object(obj: Any) -> bool:
+    """The shape every object from the API server has, as far as the hooks read it."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    return (
+        isinstance(metadata, dict)
+        and isinstance(metadata.get("name"), str)
+        and isinstance(obj.get("kind"), str)
+        and all(_strings(metadata.get(field)) for field in ("labels", "annotations"))
+        and all(isinstance(obj.get(field), dict | None) for field in ("spec", "status"))
+    )
+
+
+def _strings(mapping: Any) -> bool:
+    return mapping is None or (isinstance(mapping, dict) and all(isinstance(value, str) for value in mapping.values()))
+
+
+# JSON can escape a lone UTF-16 surrogate (\ud800): it decodes to a str that no UTF-8 encoder
+# accepts, so an answer echoing it could never be written. Valid pairs decode to one character.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(node: Any, where: str) -> str | None:
+    """Where a string holds a lone surrogate (a key or a value), or None. Keys in the path are
+    escaped: the path goes into an answer, which must be valid UTF-8."""
+    if isinstance(node, str):
+        return where if any("\ud800" <= char <= "\udfff" for char in node) else None
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        name = str(key).encode("utf-8", "backslashreplace").decode()
+        path = f"{where}.{name}" if where else name
+        found = _lone_surrogate(key, path) if isinstance(key, str) else None
+        if found is None:
+            found = _lone_surrogate(value, path)
+        if found is not None:
+            return found
+    return None
+
+
+def decode(raw: bytes) -> Any:
+    """The JSON document in a request body; ValueError (BadRequest for a lone surrogate) if
+    there is none."""
+    document = json.loads(raw)
+    if SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(document, "")) is not None:
+        raise BadRequest(f"{where or 'the body'} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text")
+    return document
 
 
 def parse_request(body: Any) -> HookRequest:

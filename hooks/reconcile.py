@@ -89,7 +89,9 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
         log.exception("rendering %s failed", request.parent["metadata"]["name"])
-        return _keep_observed(request, f"internal error while rendering: {error}", now)
+        # Say what failed, not where: an exception's text can hold file paths and internals.
+        message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
+        return _keep_observed(request, message, now)
     return {
         "status": status.roll_up(idep, request.children, _previous_status(request), now, notices, unregistered),
         "children": children,

@@ -26,10 +26,16 @@ def _as_int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _conditions(previous: dict[str, Any]) -> list[Any]:
+    """The previous status's conditions, whatever shape it was left in."""
+    conditions = previous.get("conditions")
+    return conditions if isinstance(conditions, list) else []
+
+
 def _condition(
     kind: str, status: str, reason: str, message: str, generation: int, previous: dict[str, Any], now: Clock
 ) -> dict[str, Any]:
-    prior = next((c for c in previous.get("conditions") or [] if isinstance(c, dict) and c.get("type") == kind), {})
+    prior = next((c for c in _conditions(previous) if isinstance(c, dict) and c.get("type") == kind), {})
     unchanged = prior.get("status") == status and isinstance(prior.get("lastTransitionTime"), str)
     return {
         "type": kind,
@@ -213,7 +219,7 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
                 "Ready", "Unknown", "SpecInvalid", "readiness is not evaluated while the spec is invalid; "
                 "running children are kept as they are", generation, previous, now,
             ),
-            *[c for c in previous.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "ChildKindsRegistered"],
+            *[c for c in _conditions(previous) if isinstance(c, dict) and c.get("type") == "ChildKindsRegistered"],
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),
         ],
     }

@@ -38,14 +38,22 @@ FALLBACK_GRACE_SECONDS = 600
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 
 
-def _labels(obj: dict[str, Any]) -> dict[str, str]:
-    return (obj.get("metadata") or {}).get("labels") or {}
+def _at(obj: Any, *keys: str) -> Any:
+    """obj[k1][k2]..., or None where a level is missing or not an object (observed children are
+    the API server's, but a request body may hold anything)."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _labels(obj: Any) -> dict[str, str]:
+    labels = _at(obj, "metadata", "labels")
+    return labels if isinstance(labels, dict) else {}
 
 
 def _component(workload: dict[str, Any]) -> str | None:
     """server or worker, from the pod template the hook rendered."""
-    spec = workload.get("spec") or {}
-    template = spec.get("template") or (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
+    template = _at(workload, "spec", "template") or _at(workload, "spec", "leaderWorkerTemplate", "leaderTemplate")
     return _labels(template).get(COMPONENT_LABEL)
 
 

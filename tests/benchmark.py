@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/benchmark.py [--requests 1500] [--concurrency 4]
 
-Both servers run under gunicorn with the same settings (2 sync workers). The floor is a Flask
+Both servers run under gunicorn with the same settings (2 gevent workers). The floor is a Flask
 app that only parses the same request and returns a response of the same size, so the ratio
 is what the hook's own work costs. Two loads of a converged PD-graph sync:
 
@@ -157,7 +157,7 @@ def main() -> None:
     workers = [f"w{i}" for i in range(200)]
     big_services = {
         "server": {"componentType": "server", "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]},
-        **{w: {"componentType": "worker", "resources": {"gpu": 1}} for w in workers},
+        **{w: {"componentType": "worker", "resources": {"gpu": 1}, "args": ["--model-path", "Qwen/Qwen3-0.6B"]} for w in workers},
     }
     big = [converged_request(big_services, resource_version=version) for version in range(20)]
     # Timing a refusal would measure nothing: the graph must render.
@@ -166,8 +166,8 @@ def main() -> None:
     hooks_port, floor_port = free_port(), free_port()
     hooks = start([str(BIN / "infera-hooks"), "serve", "--bind", f"127.0.0.1:{hooks_port}", "--workers", str(WORKERS)], hooks_port)
     floor = start(
-        [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{floor_port}", "--workers", str(WORKERS), "--timeout", "30",
-         "--graceful-timeout", "20", "tests.benchmark:floor_app()"],
+        [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{floor_port}", "--workers", str(WORKERS), "--worker-class", "gevent",
+         "--keep-alive", "5", "--timeout", "30", "--graceful-timeout", "20", "tests.benchmark:floor_app()"],
         floor_port,
         {"BENCH_RESPONSE_BYTES": str(answer_bytes)},
     )

@@ -272,6 +272,28 @@ def scrape(client: HookClient) -> dict[str, float]:
     return samples
 
 
+def read_reply(connection: socket.socket) -> bytes:
+    """One HTTP/1.1 response from a raw socket, its body read by Content-Length; what arrived
+    before the server closed (b"" if nothing did)."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = connection.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        declared = re.search(rb"(?im)^content-length: *(\d+)", head)
+        while declared and len(body) < int(declared.group(1)):
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return head + b"\r\n\r\n" + body
+    except (ConnectionResetError, TimeoutError):
+        return data
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hooks.server import GRACEFUL_TIMEOUT_SECONDS
 from tests.conftest import REPO, RESOURCE_KINDS, need_kubectl, need_schemas, validate_object
 
 
@@ -79,6 +80,9 @@ def test_hook_deployment_is_locked_down_and_probed(bundle) -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert set(container["resources"]) == {"requests", "limits"}
+    # Endpoints go first, then SIGTERM; the pause and the graceful drain fit in the grace period.
+    assert container["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    assert pod["terminationGracePeriodSeconds"] > 5 + GRACEFUL_TIMEOUT_SECONDS
     service = bundle[("Service", "infera-hooks")]["spec"]
     assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert service["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]

@@ -36,7 +36,8 @@ def applied(child: dict) -> dict:
         (b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": 1}}}',
          "'children.Deployment.apps/v1.x' must be a Kubernetes object"),
         (b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": {"metadata": {"name": "x"}}}}}',
-         "'children.Deployment.apps/v1.x' must be a Kubernetes object with a kind and a name"),
+         "'children.Deployment.apps/v1.x' must be a Kubernetes object: a kind, a name, labels and annotations of strings, "
+         "spec and status objects"),
         (b'{"parent": {"metadata": {"name": "a"}}, "finalizing": "yes"}', "'finalizing' must be a boolean"),
     ],
 )

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -18,7 +19,17 @@ import pytest
 from hooks import reconcile
 from hooks.app import create_app
 from hooks.observability import JsonFormatter
-from tests.conftest import REPO, HookClient, need, parent, request_body, scrape, start_server
+from tests.conftest import (
+    REPO,
+    HookClient,
+    need,
+    parent,
+    read_reply,
+    request_body,
+    running_server,
+    scrape,
+    start_server,
+)
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 README = (REPO / "README.md").read_text()
@@ -45,8 +56,10 @@ def authed(client: HookClient, token: str | None, path: str = "/sync") -> int:
 def test_bearer_token_guards_hooks_but_not_health_or_metrics(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
-    with start_server(tmp_path, "--auth-token-file", str(token_file)) as url:
-        client = HookClient(url)
+    # One worker: each worker reads the file on its own, and the steps below are about what
+    # one reader has seen.
+    with running_server(tmp_path, "--auth-token-file", str(token_file), workers=1) as server:
+        client = HookClient(server.url)
         assert authed(client, None) == 401
         assert authed(client, "Bearer wrong") == 401
         assert authed(client, "Basic s3cret-token") == 401
@@ -56,22 +69,58 @@ def test_bearer_token_guards_hooks_but_not_health_or_metrics(tmp_path: Path) -> 
         assert authed(client, None, "/no/such/hook") == 401
         for path in ("/healthz", "/readyz", "/metrics"):
             assert client.request("GET", path).status == 200
-        # A rotated Secret is picked up without a restart.
-        time.sleep(0.01)
+        # A rotated Secret is picked up within a second, without a restart; the previous token
+        # stays valid for a while (TokenFile's tests cover the clock).
         token_file.write_text("rotated")
-        assert authed(client, "Bearer s3cret-token") == 401
+        time.sleep(1.1)
+        assert authed(client, "Bearer rotated") == 200
+        assert authed(client, "Bearer s3cret-token") == 200
+        # The kubelet swapping a Secret's files: briefly missing, or empty. The last token holds.
+        token_file.unlink()
+        time.sleep(1.1)
+        assert authed(client, "Bearer rotated") == 200
+        token_file.write_text("")
+        time.sleep(1.1)
         assert authed(client, "Bearer rotated") == 200
         metrics = client.request("GET", "/metrics").body.decode()
-        assert re.search(r'infera_hook_requests_total\{hook="sync",outcome="unauthorized"\} 4\.0', metrics)
+        assert re.search(r'infera_hook_requests_total\{hook="sync",outcome="unauthorized"\} 3\.0', metrics)
         # Arbitrary paths never become label values.
         assert re.search(r'infera_hook_requests_total\{hook="other",outcome="unauthorized"\} 1\.0', metrics)
         assert "no/such/hook" not in metrics
 
 
-def test_unreadable_token_file_fails_at_start(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError, match="hook server did not start"):
-        with start_server(tmp_path, "--auth-token-file", str(tmp_path / "missing")):
-            pass
+@pytest.mark.parametrize("content", [None, "", "  \n"])
+def test_a_missing_or_empty_token_file_stops_serve_at_start(tmp_path: Path, content: str | None) -> None:
+    token_file = tmp_path / "token"
+    if content is not None:
+        token_file.write_text(content)
+    executable = Path(sys.executable).with_name("infera-hooks")
+    result = subprocess.run(
+        [str(executable), "serve", "--bind", "127.0.0.1:0", "--auth-token-file", str(token_file)],
+        capture_output=True, text=True, timeout=60,
+    )
+    problem = "No such file or directory" if content is None else "the file is empty"
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == f"infera-hooks serve: error: --auth-token-file {token_file}: {problem}"
+
+
+def test_token_rotation_follows_content_and_a_monotonic_clock(tmp_path: Path) -> None:
+    from hooks.auth import ROTATION_OVERLAP_SECONDS, TokenFile
+
+    now = [1000.0]
+    token_file = tmp_path / "token"
+    token_file.write_text("one")
+    stamp = token_file.stat().st_mtime_ns
+    tokens = TokenFile(str(token_file), clock=lambda: now[0])
+    token_file.write_text("two")
+    os.utime(token_file, ns=(stamp, stamp))  # same timestamp: only the content says it changed
+    assert tokens.admits("Bearer two") is False  # read at most once a second
+    now[0] += 1
+    assert tokens.admits("Bearer two") and tokens.admits("Bearer one")
+    now[0] += ROTATION_OVERLAP_SECONDS - 0.5
+    assert tokens.admits("Bearer one")
+    now[0] += 0.5
+    assert not tokens.admits("Bearer one") and tokens.admits("Bearer two")
 
 
 def readme_tls_recipe() -> list[str]:
@@ -166,7 +215,7 @@ def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
 
 def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(request: Any) -> dict:
-        raise RuntimeError("boom")
+        raise FileNotFoundError(2, "No such file or directory", "/srv/hooks/secret/path.json")
 
     monkeypatch.setattr(reconcile, "sync", broken)
     records: list[logging.LogRecord] = []
@@ -177,10 +226,13 @@ def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.Monkey
         reply = create_app().test_client().post("/sync", json=request_body(parent(PD)))
     finally:
         logging.getLogger("hooks").removeHandler(handler)
-    assert reply.status_code == 500 and reply.get_json() == {"error": "internal error: boom"}
+    # What failed, never where: the path is in the log only.
+    assert reply.status_code == 500 and reply.get_json() == {
+        "error": "internal error while answering /sync (FileNotFoundError); the hook's log has the details"
+    }
     error = next(record for record in records if record.exc_info)
     line = json.loads(JsonFormatter().format(error))
-    assert line["level"] == "error" and "RuntimeError: boom" in line["traceback"]
+    assert line["level"] == "error" and "/srv/hooks/secret/path.json" in line["traceback"]
 
 
 def big_graph(services: int) -> dict[str, Any]:
@@ -228,6 +280,26 @@ def test_sigterm_lets_in_flight_calls_finish() -> None:
         assert process.wait(timeout=30) == 0
     finally:
         process.kill()
+
+
+def test_sigterm_answers_the_calls_already_queued(tmp_path: Path) -> None:
+    body = json.dumps(request_body(big_graph(200))).encode()
+    head = f"POST /sync HTTP/1.1\r\nHost: hooks\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with running_server(tmp_path, workers=1) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        # Ten whole calls sent at once: the one worker renders them one after another (each
+        # tens of milliseconds), so most are still queued when SIGTERM arrives.
+        calls = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(10)]
+        for call in calls:
+            call.sendall(head.encode() + body)
+        time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        replies = []
+        for call in calls:
+            replies.append(read_reply(call).split(b"\r\n", 1)[0])
+            call.close()
+        assert server.process.wait(timeout=30) == 0
+    assert replies == [b"HTTP/1.1 200 OK"] * 10
 
 
 def test_dockerfile_passes_hadolint() -> None:

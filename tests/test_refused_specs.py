@@ -115,11 +115,11 @@ PATCHED = "patches[0] (Deployment qwen-pd-decode): the API server would refuse t
 REFUSED_BY_THE_API_SERVER = {
     "extraPodSpec command as a string": (
         extra("decode", containers=[{"name": "main", "command": "python3 -m infera.engine.sglang"}]),
-        EPS + "spec.template.spec.containers[0].command: must be array or null",
+        "spec.services.decode.extraPodSpec.containers[0].command: must be array or null",
     ),
     "extraPodSpec hostNetwork as a string": (
         extra("decode", hostNetwork="yes"),
-        EPS + "spec.template.spec.hostNetwork: must be boolean or null",
+        "spec.services.decode.extraPodSpec.hostNetwork: must be boolean or null",
     ),
     "extraPodSpec port out of range": (
         extra("decode", containers=[{"name": "main", "ports": [{"containerPort": 70000}]}]),
@@ -145,7 +145,7 @@ REFUSED_BY_THE_API_SERVER = {
     ),
     "extraPodSpec garbage valueFrom": (
         extra("decode", containers=[{"name": "main", "env": [{"name": "A", "valueFrom": {"garbage": 1}}]}]),
-        EPS + "spec.template.spec.containers[0].env[0].valueFrom: must not contain {'garbage'} properties",
+        "spec.services.decode.extraPodSpec.containers[0].env[0].valueFrom: must not contain {'garbage'} properties",
     ),
     "extraPodSpec mount of a missing volume": (
         extra("decode", containers=[{"name": "main", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}]),

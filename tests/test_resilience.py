@@ -5,12 +5,14 @@ import json
 import os
 import shutil
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, HookClient, RunningServer, parent, request_body, running_server, scrape
+from tests.conftest import REPO, HookClient, RunningServer, parent, read_reply, request_body, running_server, scrape
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 
@@ -76,7 +78,8 @@ def test_readyz_fails_when_a_known_good_graph_does_not_render(monkeypatch: pytes
     assert reply.status_code == 503
     assert reply.json == {
         "status": "not ready",
-        "reason": "a known-good graph renders as failed: internal error while rendering: list index out of range",
+        "reason": "a known-good graph renders as failed: internal error while rendering (IndexError); the hook's log "
+        "has the details",
     }
     # Liveness only asks whether this process can serve at all: a restart would not fix a bug.
     assert client.get("/healthz").status_code == 200
@@ -286,3 +289,75 @@ def test_ten_thousand_inferadeployments_stay_within_the_metrics_budget(tmp_path:
         assert "infera_inferadeployment_state{" not in metrics  # finalized: no series left
         assert stored_bytes(directory) <= METRICS_BUDGET_BYTES
         assert client.request("GET", "/healthz").status == 200
+
+
+def raw_connection(server: RunningServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def sync_head(length: int) -> bytes:
+    return f"POST /sync HTTP/1.1\r\nHost: hooks\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
+
+
+def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> None:
+    body = pd_body()
+    with running_server(tmp_path, "--read-timeout", "3", workers=2) as server:
+        client = HookClient(server.url)
+        tricklers = [raw_connection(server) for _ in range(16)]
+        stop = threading.Event()
+
+        def trickle(index: int, connection: socket.socket) -> None:
+            # Half send their headers a byte at a time, half their body.
+            data = sync_head(len(body)) + body if index % 2 else sync_head(len(body))[:-2] + b"X-Slow: " + b"a" * 200
+            start = 0 if index % 2 == 0 else len(sync_head(len(body)))
+            if start:
+                connection.sendall(data[:start])
+            for offset in range(start, len(data)):
+                if stop.wait(0.1):
+                    return
+                try:
+                    connection.sendall(data[offset:offset + 1])
+                except OSError:
+                    return  # disconnected by the server: what a deadline does
+
+        threads = [threading.Thread(target=trickle, args=item, daemon=True) for item in enumerate(tricklers)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(0.5)  # every trickler connected and sending
+            slowest = 0.0
+            for _ in range(20):
+                for path, data in (("/sync", body), ("/healthz", None)):
+                    started = time.monotonic()
+                    reply = client.request("POST" if data else "GET", path, data)
+                    slowest = max(slowest, time.monotonic() - started)
+                    assert reply.status == 200
+            assert slowest < 1.0, f"a call took {slowest:.2f} s next to 16 trickling clients"
+            # Deadlines: bodies get 408 after --read-timeout; headers, the keep-alive timeout (5 s).
+            answers = [read_reply(connection) for connection in tricklers]
+        finally:
+            stop.set()
+            for connection in tricklers:
+                connection.close()
+    for index, answer in enumerate(answers):
+        if index % 2:
+            assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+            assert answer.endswith(b'{"error": "the request body did not arrive within 3 s"}')
+        else:
+            assert answer == b"", answer
+
+
+def test_large_bodies_in_flight_are_bounded_per_worker(tmp_path: Path) -> None:
+    limit = 1_000_000
+    with running_server(tmp_path, "--read-timeout", "2", "--max-request-bytes", str(limit), workers=1) as server:
+        stalled = [raw_connection(server) for _ in range(2)]
+        for connection in stalled:
+            connection.sendall(sync_head(limit) + b"{")
+        time.sleep(0.3)
+        third = raw_connection(server)
+        third.sendall(sync_head(limit))
+        assert read_reply(third).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+        # The two stalled ones time out and free the budget: a normal call goes through.
+        assert all(read_reply(connection).startswith(b"HTTP/1.1 408 ") for connection in stalled)
+        assert HookClient(server.url).request("POST", "/sync", pd_body()).status == 200

@@ -21,6 +21,7 @@ The worker's probes, preStop delay and grace period are then added where the res
 import copy
 from typing import Any
 
+from hooks import kubernetes_schema
 from hooks.api import SpecError, primary_index
 from hooks.quantity import canonical_quantity
 
@@ -66,6 +67,12 @@ def _named(items: list[dict], where: str, unnamed: int | None = None) -> list[di
     return items
 
 
+def _string_value(var: dict) -> dict:
+    """YAML reads `value: 8` as a number; whoever wrote it meant the string."""
+    value = var.get("value")
+    return {**var, "value": str(value)} if isinstance(value, int | float) and not isinstance(value, bool) else var
+
+
 def checked_template(extra: dict, where: str) -> dict:
     """The template's pod and container fields as the API server would keep them."""
     template = _known_fields(extra, POD_FIELDS, "PodSpec", where)
@@ -77,8 +84,17 @@ def checked_template(extra: dict, where: str) -> dict:
                 _known_fields(container, CONTAINER_FIELDS, "Container", f"{where}.{kind}[{index}]")
                 for index, container in enumerate(containers)
             ]
+            for index, container in enumerate(template[kind]):
+                if "env" in container:
+                    env = _objects(container["env"], f"{where}.{kind}[{index}].env")
+                    container["env"] = [_string_value(var) for var in env]
     if "volumes" in template:
         _named(_objects(template["volumes"], f"{where}.volumes"), f"{where}.volumes")
+    # Every value its type before anything is merged (nothing is required yet: the rendered pod
+    # completes the template, and admission checks the whole child).
+    problem = kubernetes_schema.problem("PartialPodSpec", template)
+    if problem is not None:
+        raise SpecError(f"{where}.{problem[0]}: {problem[1]}")
     return template
 
 
@@ -170,8 +186,7 @@ def _canonical(value: Any, where: str) -> str:
 
 def normalize(spec: dict, where: str) -> dict:
     """Write what the template says the way the API server stores it (quantities canonical,
-    numbers in env values as strings, empty env values absent), or it would be re-applied on
-    every sync."""
+    empty env values absent), or it would be re-applied on every sync."""
     for kind in ("containers", "initContainers"):
         for index, container in enumerate(_objects(spec.get(kind), f"{where}.{kind}")):
             for bound in ("requests", "limits"):
@@ -179,8 +194,6 @@ def normalize(spec: dict, where: str) -> dict:
                 for name, value in quantities.items():
                     quantities[name] = _canonical(value, f"{where}.{kind}[{index}].resources.{bound}.{name}")
             for var in _objects(container.get("env"), f"{where}.{kind}[{index}].env"):
-                if isinstance(var.get("value"), (int, float)) and not isinstance(var["value"], bool):
-                    var["value"] = str(var["value"])
                 if var.get("value") == "":
                     del var["value"]
     for index, volume in enumerate(_objects(spec.get("volumes"), f"{where}.volumes")):
