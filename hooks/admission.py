@@ -25,14 +25,18 @@ from hooks.api import (
     QUALIFIED_NAME,
     InferaDeployment,
     SpecError,
+    annotations_bytes,
     env_name_problem,
+    is_extended_resource,
+    label_value_valid,
     qualified_key_problem,
+    shown,
 )
+from hooks.contract import field_at
 from hooks.kubernetes_schema import Problem
 from hooks.quantity import quantity_value
 from hooks.renderers.common import SERVICE_LABEL
 
-LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
 PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -46,36 +50,35 @@ POD_TEMPLATES = {
 
 
 
-def _at(obj: Any, path: tuple) -> Any:
-    for part in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
 def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
+    """Labels and annotations (of any kind: custom kinds get no schema check)."""
     if not isinstance(metadata, dict):
+        yield where, "must be an object"
         return
-    for key, value in (metadata.get("labels") or {}).items():
+    for field in ("labels", "annotations"):
+        mapping = metadata.get(field)
+        if mapping is not None and not (isinstance(mapping, dict) and all(isinstance(v, str) for v in mapping.values())):
+            yield f"{where}.{field}", "must be an object of strings"
+            return
+    labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
+    for key, value in labels.items():
         if problem := qualified_key_problem(key):
             yield f"{where}.labels", problem
-        if not (isinstance(value, str) and len(value) <= 63 and LABEL_VALUE.fullmatch(value)):
-            yield f"{where}.labels.{key}", f"{value!r} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)"
-    annotations = metadata.get("annotations") or {}
+        if not label_value_valid(value):
+            yield f"{where}.labels.{key}", f"{shown(value)} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)"
     for key in annotations:
         if problem := qualified_key_problem(key):
             yield f"{where}.annotations", problem
-    size = sum(len(key.encode()) + len(str(value).encode()) for key, value in annotations.items())
+    size = annotations_bytes(annotations)
     if size > MAX_ANNOTATIONS_BYTES:
         yield f"{where}.annotations", f"{size:,} bytes of annotations; the API server allows at most {MAX_ANNOTATIONS_BYTES:,}"
 
 
 def _port_name_problem(name: str) -> str | None:
     """IANA service names: what a container port or a Service targetPort may be called."""
-    if 1 <= len(name) <= 15 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and "--" not in name and re.search("[a-z]", name):
+    if 1 <= len(name) <= 15 and DNS1123_LABEL.fullmatch(name) and "--" not in name and re.search("[a-z]", name):
         return None
-    return f"{name!r} is not a valid port name (at most 15 lower-case letters, digits and '-', with a letter, no '--')"
+    return f"{shown(name)} is not a valid port name (at most 15 lower-case letters, digits and '-', with a letter, no '--')"
 
 
 def _quantity(value: Any) -> Fraction | None:
@@ -85,29 +88,24 @@ def _quantity(value: Any) -> Fraction | None:
         return None
 
 
-def _extended(name: str) -> bool:
-    """A device or other extended resource: requests must equal limits."""
-    return "/" in name and not name.startswith("kubernetes.io/")
-
-
 def _resources_problems(requirements: dict, where: str) -> Iterator[Problem]:
     requests, limits = requirements.get("requests") or {}, requirements.get("limits") or {}
     for bound, quantities in (("requests", requests), ("limits", limits)):
         for name, value in quantities.items():
             if not (name in STANDARD_RESOURCES or name.startswith("hugepages-") or ("/" in name and QUALIFIED_NAME.fullmatch(name))):
-                yield f"{where}.{bound}", f"{name!r} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> or a domain-prefixed name such as amd.com/gpu)"
+                yield f"{where}.{bound}", f"{shown(name)} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> or a domain-prefixed name such as amd.com/gpu)"
             elif _quantity(value) is None:
-                yield f"{where}.{bound}.{name}", f"{value!r} is not a Kubernetes quantity"
+                yield f"{where}.{bound}.{name}", f"{shown(value)} is not a Kubernetes quantity"
     for name in sorted(set(requests) & set(limits)):
         request, limit = _quantity(requests[name]), _quantity(limits[name])
         if request is None or limit is None:
             continue
-        if _extended(name) and request != limit:
+        if is_extended_resource(name) and request != limit:
             yield f"{where}.requests.{name}", f"must equal the limit ({limits[name]}): {name} cannot be overcommitted"
         elif request > limit:
             yield f"{where}.requests.{name}", f"must not exceed the limit ({limits[name]})"
     for name in sorted(set(requests) - set(limits)):
-        if _extended(name):
+        if is_extended_resource(name):
             yield f"{where}.limits", f"{name} is requested but has no limit: it cannot be overcommitted"
 
 
@@ -123,12 +121,12 @@ def _container_problems(container: dict, where: str, volumes: set[str]) -> Itera
         if port.get("hostPort") and not 1 <= port["hostPort"] <= 65535:
             yield f"{at}.hostPort", f"{port['hostPort']} is not a port number (1-65535)"
         if port.get("protocol") not in (None, *PROTOCOLS):
-            yield f"{at}.protocol", f"{port['protocol']!r} must be one of {', '.join(PROTOCOLS)}"
+            yield f"{at}.protocol", f"{shown(port['protocol'])} must be one of {', '.join(PROTOCOLS)}"
         if port.get("name"):
             if problem := _port_name_problem(port["name"]):
                 yield f"{at}.name", problem
             elif port["name"] in names:
-                yield f"{at}.name", f"{port['name']!r} names two ports"
+                yield f"{at}.name", f"{shown(port['name'])} names two ports"
             names.add(port["name"])
     for index, var in enumerate(container.get("env") or []):
         at = f"{where}.env[{index}]"
@@ -144,9 +142,9 @@ def _container_problems(container: dict, where: str, volumes: set[str]) -> Itera
     for index, mount in enumerate(container.get("volumeMounts") or []):
         at = f"{where}.volumeMounts[{index}]"
         if mount["name"] not in volumes:
-            yield f"{at}.name", f"no volume named {mount['name']!r} in the pod"
+            yield f"{at}.name", f"no volume named {shown(mount['name'])} in the pod"
         if not mount["mountPath"] or mount["mountPath"] in paths:
-            yield f"{at}.mountPath", f"{mount['mountPath']!r} must be set and mounted once per container"
+            yield f"{at}.mountPath", f"{shown(mount['mountPath'])} must be set and mounted once per container"
         paths.add(mount["mountPath"])
     yield from _resources_problems(container.get("resources") or {}, f"{where}.resources")
 
@@ -156,14 +154,14 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
     spec = template.get("spec") or {}
     at = f"{where}.spec"
     if spec.get("restartPolicy") not in (None, "Always"):
-        yield f"{at}.restartPolicy", f"{spec['restartPolicy']!r}: a workload's pods must use Always"
+        yield f"{at}.restartPolicy", f"{shown(spec['restartPolicy'])}: a workload's pods must use Always"
     volumes: set[str] = set()
     for index, volume in enumerate(spec.get("volumes") or []):
         name = volume["name"]
         if not DNS1123_LABEL.fullmatch(name) or len(name) > 63:
-            yield f"{at}.volumes[{index}].name", f"{name!r} is not a DNS label"
+            yield f"{at}.volumes[{index}].name", f"{shown(name)} is not a DNS label"
         elif name in volumes:
-            yield f"{at}.volumes[{index}].name", f"{name!r} names two volumes"
+            yield f"{at}.volumes[{index}].name", f"{shown(name)} names two volumes"
         if sum(1 for key, value in volume.items() if key != "name" and value is not None) != 1:
             yield f"{at}.volumes[{index}]", "must set exactly one volume source (emptyDir, configMap, persistentVolumeClaim, ...)"
         volumes.add(name)
@@ -174,9 +172,9 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
         for index, container in enumerate(spec.get(kind) or []):
             name = container["name"]
             if not DNS1123_LABEL.fullmatch(name) or len(name) > 63:
-                yield f"{at}.{kind}[{index}].name", f"{name!r} is not a DNS label"
+                yield f"{at}.{kind}[{index}].name", f"{shown(name)} is not a DNS label"
             elif name in names:
-                yield f"{at}.{kind}[{index}].name", f"{name!r} names two containers"
+                yield f"{at}.{kind}[{index}].name", f"{shown(name)} names two containers"
             names.add(name)
             yield from _container_problems(container, f"{at}.{kind}[{index}]", volumes)
 
@@ -202,7 +200,7 @@ def _zero(value: Any) -> bool:
 
 
 def _workload_problems(child: dict) -> Iterator[Problem]:
-    spec = child.get("spec") or {}
+    spec = child.get("spec") if isinstance(child.get("spec"), dict) else {}
     selector = spec.get("selector") or {}
     if child["kind"] in ("Deployment", "StatefulSet"):
         labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
@@ -210,12 +208,12 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
             yield "spec.selector", "must select the template's pods"
         elif not _selects(selector, labels):
             yield "spec.template.metadata.labels", "do not match spec.selector"
-    rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+    rolling = field_at(spec, "strategy", "rollingUpdate")
     # Both default to 25% when absent.
-    if rolling and _zero(rolling.get("maxSurge", "25%")) and _zero(rolling.get("maxUnavailable", "25%")):
+    if isinstance(rolling, dict) and _zero(rolling.get("maxSurge", "25%")) and _zero(rolling.get("maxUnavailable", "25%")):
         yield "spec.strategy.rollingUpdate.maxUnavailable", "may not be 0 while maxSurge is 0"
     for path in POD_TEMPLATES.get(child["kind"], []):
-        template = _at(child, path)
+        template = field_at(child, *path)
         if isinstance(template, dict):
             yield from _pod_problems(template, ".".join(path))
 
@@ -233,16 +231,16 @@ def _service_problems(child: dict) -> Iterator[Problem]:
         elif isinstance(target, str) and (problem := _port_name_problem(target)):
             yield f"{at}.targetPort", problem
         if port.get("protocol") not in (None, *PROTOCOLS):
-            yield f"{at}.protocol", f"{port['protocol']!r} must be one of {', '.join(PROTOCOLS)}"
+            yield f"{at}.protocol", f"{shown(port['protocol'])} must be one of {', '.join(PROTOCOLS)}"
         name = port.get("name")
         if len(ports) > 1 and not name:
             yield f"{at}.name", "every port of a Service with several ports needs a name"
         elif name and name in names:
-            yield f"{at}.name", f"{name!r} names two ports"
+            yield f"{at}.name", f"{shown(name)} names two ports"
         names.add(name or "")
     for key, value in ((child.get("spec") or {}).get("selector") or {}).items():
-        if not (isinstance(value, str) and len(value) <= 63 and LABEL_VALUE.fullmatch(value)):
-            yield f"spec.selector.{key}", f"{value!r} is not a valid label value"
+        if not label_value_valid(value):
+            yield f"spec.selector.{key}", f"{shown(value)} is not a valid label value"
 
 
 # Syncs re-render the same children over and over (each child status change is a new request):
@@ -253,7 +251,9 @@ _verdicts: OrderedDict[bytes, str | None] = OrderedDict()
 
 def refusal(child: dict) -> str | None:
     """Why the API server would refuse this child, or None (for the checks this module makes)."""
-    digest = hashlib.blake2b(json.dumps(child, sort_keys=True, separators=(",", ":")).encode(), digest_size=16).digest()
+    # Keys in their order, not sorted: the checks meet them in that order, so two children that
+    # differ only in key order may get different (equally true) verdicts.
+    digest = hashlib.blake2b(json.dumps(child, separators=(",", ":")).encode(), digest_size=16).digest()
     if digest in _verdicts:
         _verdicts.move_to_end(digest)
         return _verdicts[digest]
@@ -268,7 +268,9 @@ def _check_child(child: dict) -> str | None:
     problem = kubernetes_schema.problem(child["kind"], child)
     if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
         for path in POD_TEMPLATES["LeaderWorkerSet"]:
-            problem = problem or kubernetes_schema.problem("PodTemplateSpec", _at(child, path), path)
+            template = field_at(child, *path)  # leaderTemplate is optional
+            if template is not None:
+                problem = problem or kubernetes_schema.problem("PodTemplateSpec", template, path)
     if problem is None:
         semantic = _metadata_problems(child.get("metadata"), "metadata")
         if child["kind"] in POD_TEMPLATES:

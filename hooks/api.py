@@ -49,18 +49,42 @@ INT32_MAX = 2**31 - 1
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 
 
+LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
+
+
+def shown(value: Any) -> str:
+    """A value as a message quotes it: at most about 100 characters, whatever its size."""
+    text = repr(value)
+    return text if len(text) <= 100 else f"{text[:100]}... ({len(text):,} characters)"
+
+
 def qualified_key_problem(key: str) -> str | None:
     """Why `key` is not a label or annotation key, or None."""
     if QUALIFIED_NAME.fullmatch(key) and len(key.rpartition("/")[0]) <= 253:
         return None
-    return f"{key!r} is not a valid label or annotation key (e.g. example.com/team)"
+    return f"{shown(key)} is not a valid label or annotation key (e.g. example.com/team)"
+
+
+def label_value_valid(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and LABEL_VALUE.fullmatch(value) is not None
+
+
+def annotations_bytes(annotations: dict[str, str]) -> int:
+    """What the API server counts against MAX_ANNOTATIONS_BYTES."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
 
 
 def env_name_problem(name: str) -> str | None:
     """Why `name` is not an environment variable name the API server accepts, or None."""
     if ENV_NAME.fullmatch(name):
         return None
-    return f"{name!r} is not a valid environment variable name (printable ASCII characters other than '=')"
+    return f"{shown(name)} is not a valid environment variable name (printable ASCII characters other than '=')"
+
+
+def is_extended_resource(name: str) -> bool:
+    """Kubernetes' extended resources (devices such as amd.com/gpu): domain-prefixed, outside
+    kubernetes.io, not a quota name. Their requests must equal their limits."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
 
 # Children are named <idep>-<service>. Services (and the label values derived from names) are
 # DNS-1035 labels of at most 63 characters; StatefulSet and LeaderWorkerSet pods also carry a
@@ -376,10 +400,9 @@ class ResourcesSpec(ApiModel):
     @field_validator("gpu_type")
     @classmethod
     def _extended_resource(cls, name: str) -> str:
-        domain = name.partition("/")[0]
-        if "/" in name and QUALIFIED_NAME.fullmatch(name) and not domain.endswith("kubernetes.io") and not name.startswith("requests."):
+        if is_extended_resource(name) and QUALIFIED_NAME.fullmatch(name):
             return name
-        raise ValueError(f"{name!r} is not an extended resource name: a domain outside kubernetes.io, '/' and a name, e.g. amd.com/gpu")
+        raise ValueError(f"{shown(name)} is not an extended resource name: a domain outside kubernetes.io, '/' and a name, e.g. amd.com/gpu")
     cpu: Quantity | None = None
     """CPU request, e.g. 8 or 500m."""
     memory: Quantity | None = None
@@ -713,7 +736,7 @@ class InferaDeployment(BaseModel):
         inherited = {k: v for k, v in self.metadata.annotations.items() if k.startswith("infera")}
         for service, svc in sorted(self.spec.services.items()):
             annotations = inherited | (svc.pod_annotations or {})
-            size = sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+            size = annotations_bytes(annotations)
             if size > MAX_ANNOTATIONS_BYTES:
                 raise ValueError(
                     f"spec.services.{service}.podAnnotations: the pods would carry {size:,} bytes of annotations "

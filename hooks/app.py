@@ -42,8 +42,9 @@ HOOKS = ("sync", "finalize", "customize")
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    # Sorted keys and no spaces: the same request always yields byte-identical answers.
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # Sorted keys and no spaces: the same request always yields byte-identical answers. ASCII
+    # escapes: any str encodes, even a lone surrogate decoded from an observed annotation.
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return Response(text, status=status, mimetype="application/json")
 
 
@@ -151,7 +152,8 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache 
         observability.record(name, outcome, time.perf_counter() - started, parent, summary)
 
 
-# A small valid graph /readyz renders through the same code as /sync.
+# A small valid graph /readyz renders through the same code as /sync, extraPodSpec and patches
+# included (so the schema validators and admission checks run too).
 READINESS_PROBE_REQUEST = {
     "parent": {
         "apiVersion": "infera.amd.com/v1alpha1",
@@ -161,8 +163,19 @@ READINESS_PROBE_REQUEST = {
             "image": "rocm/infera:sglang-v0.1.1",
             "services": {
                 "server": {"componentType": "server", "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]},
-                "worker": {"componentType": "worker", "role": "mixed", "args": ["--model-path", "Qwen/Qwen3-0.6B"]},
+                "worker": {
+                    "componentType": "worker",
+                    "role": "mixed",
+                    "args": ["--model-path", "Qwen/Qwen3-0.6B"],
+                    "extraPodSpec": {"containers": [{"name": "main", "env": [{"name": "READYZ", "value": "1"}]}]},
+                },
             },
+            "patches": [
+                {
+                    "target": {"kind": "Deployment", "name": "readyz-worker"},
+                    "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/readyz": "1"}}],
+                }
+            ],
         },
     },
     "children": {},

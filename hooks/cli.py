@@ -1,6 +1,7 @@
 """`infera-hooks`: serve the hooks, preview what an InferaDeployment renders, print the CRD."""
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 
@@ -36,8 +37,8 @@ def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
             value = number(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        if not 0 < value < math.inf:  # nan compares false both ways
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
         return value
 
     return parse
@@ -53,10 +54,11 @@ def main(argv: list[str] | None = None) -> None:
         "--timeout", type=positive(int), default=30, help="seconds before a stuck worker restarts (default 30)"
     )
     serve_cmd.add_argument(
-        "--read-timeout",
+        "--client-timeout",
         type=positive(float),
         default=10.0,
-        help="seconds a client has to send a request body; then 408 (default 10, Metacontroller's hook timeout)",
+        help="seconds a client has to send a request body (then 408) or to take an answer "
+        "(then it is disconnected); default 10, Metacontroller's hook timeout",
     )
     serve_cmd.add_argument(
         "--max-request-bytes",
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.bind,
                 args.workers,
                 args.timeout,
-                args.read_timeout,
+                args.client_timeout,
                 args.max_request_bytes,
                 auth,
                 args.certfile,

@@ -163,6 +163,14 @@ def parse_request(body: Any) -> HookRequest:
     )
 
 
+def field_at(obj: Any, *keys: str) -> Any:
+    """obj[k1][k2]..., or None where a level is missing or not an object (a child from the API
+    server has its shape, but a request body or a patched child may hold anything)."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
 def child_key(child: dict[str, Any]) -> tuple[str, str]:
     return child.get("kind", ""), child["metadata"].get("name", "")
 

@@ -20,7 +20,8 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 PREFIX = "infera-hooks-metrics-"
@@ -85,12 +86,25 @@ def fold_dead_worker(directory: str, pid: int) -> None:
             os.remove(dead)
 
 
+# A row not refreshed for this long goes: the InferaDeployment was finalized through the other
+# hook replica, or is gone. Metacontroller resyncs every parent far more often than that.
+STATE_EXPIRY_SECONDS = 30 * 60
+# A row's last-seen time is rewritten at most this often: most calls only read.
+STATE_REFRESH_SECONDS = 60
+# Rows kept at most (about 80 bytes each); past that, new InferaDeployments are not recorded.
+MAX_STATES = 50_000
+
+
 class StateTable:
     """The state each InferaDeployment was last answered with: one row per InferaDeployment,
-    shared by the workers (SQLite serialises their writes). `:memory:` outside `serve`."""
+    shared by the workers (SQLite serialises their writes). `:memory:` outside `serve`.
 
-    def __init__(self, path: str) -> None:
+    Times are the monotonic clock's, which every process on the host shares: a wall clock
+    that jumps neither expires nor keeps rows."""
+
+    def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self._clock = clock
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._db: sqlite3.Connection | None = None
@@ -105,25 +119,31 @@ class StateTable:
                 db.execute(f"PRAGMA {pragma}")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS states (namespace TEXT NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,"
-                " PRIMARY KEY (namespace, name)) WITHOUT ROWID"
+                " seen REAL NOT NULL, PRIMARY KEY (namespace, name)) WITHOUT ROWID"
             )
             self._pid, self._db = os.getpid(), db
         assert self._db is not None
         return self._db
 
-    def set(self, namespace: str, name: str, state: str | None) -> None:
+    def set(self, namespace: str, name: str, state: str | None) -> bool:
         """Record a state, or forget the InferaDeployment (None). Reads first: most calls
-        repeat the state already there, and a read takes no write lock."""
+        repeat the state already there, and a read takes no write lock. False when a new
+        InferaDeployment was not recorded because the table is full."""
+        now = self._clock()
         with self._lock:
             db = self._connection()
-            row = db.execute("SELECT state FROM states WHERE namespace = ? AND name = ?", (namespace, name)).fetchone()
-            if state is None and row is not None:
-                db.execute("DELETE FROM states WHERE namespace = ? AND name = ?", (namespace, name))
-            elif state is not None and (row is None or row[0] != state):
-                db.execute(
-                    "INSERT INTO states VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET state = excluded.state",
-                    (namespace, name, state),
-                )
+            key = (namespace, name)
+            row = db.execute("SELECT state, seen FROM states WHERE namespace = ? AND name = ?", key).fetchone()
+            if state is None:
+                if row is not None:
+                    db.execute("DELETE FROM states WHERE namespace = ? AND name = ?", key)
+            elif row is None:
+                if db.execute("SELECT count(*) FROM states").fetchone()[0] >= MAX_STATES:
+                    return False
+                db.execute("INSERT INTO states VALUES (?, ?, ?, ?)", (*key, state, now))
+            elif row[0] != state or now - row[1] >= STATE_REFRESH_SECONDS:
+                db.execute("UPDATE states SET state = ?, seen = ? WHERE namespace = ? AND name = ?", (state, now, *key))
+        return True
 
     def check(self) -> None:
         """Raise sqlite3.Error unless the table can be read."""
@@ -131,5 +151,8 @@ class StateTable:
             self._connection().execute("SELECT 1 FROM states LIMIT 1").fetchall()
 
     def rows(self) -> list[tuple[str, str, str]]:
+        """Every recorded state, after dropping those not seen for STATE_EXPIRY_SECONDS."""
         with self._lock:
-            return self._connection().execute("SELECT namespace, name, state FROM states ORDER BY 1, 2").fetchall()
+            db = self._connection()
+            db.execute("DELETE FROM states WHERE seen < ?", (self._clock() - STATE_EXPIRY_SECONDS,))
+            return db.execute("SELECT namespace, name, state FROM states ORDER BY 1, 2").fetchall()

@@ -40,8 +40,9 @@ def _call_metrics(hook: str, outcome: str) -> tuple[Any, Any]:
 
 class StateGauge:
     """infera_inferadeployment_state: one series per InferaDeployment, labelled with its current
-    state, value 1; a finalized one has none. Each hook replica exports the states it answered,
-    so count with `count by (state) (max by (namespace, name, state) (infera_inferadeployment_state))`."""
+    state, value 1; a finalized one has none. Each hook replica exports the states it answered
+    (for 30 minutes after its last call), so count with
+    `count by (state) (max by (namespace, name, state) (infera_inferadeployment_state))`."""
 
     def __init__(self, table: metrics_dir.StateTable) -> None:
         self.table = table
@@ -74,7 +75,9 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
         namespace = str(metadata.get("namespace", ""))
         try:
             # A finalized InferaDeployment is gone: it has no state any more.
-            STATE_TABLE.set(namespace, metadata["name"], None if summary.finalized else state)
+            if not STATE_TABLE.set(namespace, metadata["name"], None if summary.finalized else state):
+                log.warning("not recording the state of %s/%s: %s states recorded already",
+                            namespace, metadata["name"], f"{metrics_dir.MAX_STATES:,}")
         except sqlite3.Error as error:  # the answer matters more than the metric; /healthz reports it
             log.warning("could not record the state of %s/%s: %s", namespace, metadata["name"], error)
     fields = {

@@ -2,14 +2,18 @@
 
 A sync worker is held by one connection from its first byte to its last, so a few clients
 sending slowly (or not at all) would leave nothing to answer Metacontroller or the kubelet's
-probes. A gevent worker waits on sockets cooperatively: slow connections cost a greenlet each,
-and deadlines bound how long they may take:
+probes. A gevent worker waits on sockets cooperatively: a slow connection costs a greenlet, and
+deadlines bound how long it may take:
 
-- request line and headers: gunicorn's keep-alive timeout (the connection is closed);
-- the body: `read_timeout` seconds from the first byte of it (408).
+- request line and headers: gunicorn's keep-alive timeout (5 s; the connection is closed);
+- the body: `client_timeout` seconds once the app starts reading it (408);
+- every send and receive on the socket: `client_timeout` (a client that stops reading its
+  answer is disconnected instead of holding the greenlet, its body and the answer).
 
-Reading a body whole before the app sees it also bounds memory: each worker buffers at most
-BODIES_IN_FLIGHT maximum-size bodies at once, and turns further ones away with 503.
+Reading a body whole before the app sees it bounds memory too: a worker buffers bodies up to
+1 MiB within one budget (SMALL_BODIES_BYTES) and larger ones within another (one maximum-size
+body), and turns away with 503 a body that does not fit. Unauthenticated bodies are never
+buffered: the app refuses them (401) without reading them.
 """
 
 import io
@@ -25,15 +29,20 @@ from hooks import kubernetes_schema, metrics_dir
 from hooks.auth import TokenFile
 
 log = logging.getLogger("hooks")
-# Two maximum-size bodies at once per worker: a real request is tens of kilobytes, so the
-# budget only ever turns away a flood of huge ones.
-BODIES_IN_FLIGHT = 2
+# Metacontroller's bodies are tens of kilobytes: bodies up to SMALL_BODY_BYTES share a budget
+# of their own, so two huge uploads in progress never turn a normal hook call away.
+SMALL_BODY_BYTES = 1024 * 1024
+SMALL_BODIES_BYTES = 8 * 1024 * 1024
 READ_CHUNK_BYTES = 64 * 1024
 # On SIGTERM, hook calls in flight get this long to finish before the workers exit.
 GRACEFUL_TIMEOUT_SECONDS = 20
+# Connections a worker holds at once; far above Metacontroller's concurrency, and a bound on
+# what misbehaving clients can hold.
+WORKER_CONNECTIONS = 100
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict, StartResponse], Iterable[bytes]]
+Refused = Callable[[str, str], None]  # (request path, outcome): counted in the hook metrics
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class ServeOptions:
     bind: str
     workers: int
     timeout: int
-    read_timeout: float
+    client_timeout: float
     max_request_bytes: int
     auth: TokenFile | None
     certfile: str | None
@@ -49,6 +58,8 @@ class ServeOptions:
 
 
 def _plain_error(start_response: StartResponse, status: str, message: str) -> list[bytes]:
+    # No Connection: close (gunicorn drops hop-by-hop headers): an unread rest of the body is
+    # discarded under the keep-alive timeout before the connection takes another request.
     body = json.dumps({"error": message}).encode()
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
     return [body]
@@ -58,11 +69,15 @@ class BufferedBody:
     """WSGI middleware: read the request body whole, within a deadline and a byte budget,
     before the app runs (the app then never waits on a client)."""
 
-    def __init__(self, app: WsgiApp, max_request_bytes: int, read_timeout: float) -> None:
+    def __init__(
+        self, app: WsgiApp, max_request_bytes: int, client_timeout: float, auth: TokenFile | None, refused: Refused
+    ) -> None:
         self.app = app
         self.max_request_bytes = max_request_bytes
-        self.read_timeout = read_timeout
-        self.budget = BODIES_IN_FLIGHT * max_request_bytes
+        self.client_timeout = client_timeout
+        self.auth = auth
+        self.refused = refused
+        self.room = {"small": SMALL_BODIES_BYTES, "large": max_request_bytes + 1}
 
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
         declared = environ.get("CONTENT_LENGTH") or ""
@@ -70,19 +85,25 @@ class BufferedBody:
         if not chunked and (not declared.isdigit() or not 0 < int(declared) <= self.max_request_bytes):
             # No body, or one too large: the app answers (413) without reading it.
             return self.app(environ, start_response)
+        if self.auth is not None and not self.auth.admits(environ.get("HTTP_AUTHORIZATION")):
+            return self.app(environ, start_response)  # 401, the body unread
         # A chunked body's size is known only once read: reserve the most the app accepts, and
         # one byte more to show that a body is larger (the app then answers 413).
         reserved = self.max_request_bytes + 1 if chunked else int(declared)
-        if reserved > self.budget:
-            return _plain_error(start_response, "503 Service Unavailable", "too many large requests at once: retry")
-        self.budget -= reserved
+        pool = "small" if reserved <= SMALL_BODY_BYTES else "large"
+        path = environ.get("PATH_INFO", "")
+        if reserved > self.room[pool]:
+            self.refused(path, "busy")
+            return _plain_error(start_response, "503 Service Unavailable", "too many large request bodies at once: retry")
+        self.room[pool] -= reserved
         try:
             body = self._read(environ["wsgi.input"], reserved)
         finally:
-            self.budget += reserved
+            self.room[pool] += reserved
         if body is None:
-            log.warning("no complete request body on %s within %g s", environ.get("PATH_INFO"), self.read_timeout)
-            message = f"the request body did not arrive within {self.read_timeout:g} s"
+            log.warning("no complete request body on %s within %g s", path, self.client_timeout)
+            self.refused(path, "timeout")
+            message = f"the request body did not arrive within {self.client_timeout:g} s"
             return _plain_error(start_response, "408 Request Timeout", message)
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
@@ -94,12 +115,15 @@ class BufferedBody:
         import gevent  # only ever runs in a gevent worker
 
         body = bytearray()
-        with gevent.Timeout(self.read_timeout, False):  # False: leave the block silently
-            while len(body) < limit:
-                chunk = stream.read(min(READ_CHUNK_BYTES, limit - len(body)))
-                if not chunk:
-                    break
-                body += chunk
+        with gevent.Timeout(self.client_timeout, False):  # False: leave the block silently
+            try:
+                while len(body) < limit:
+                    chunk = stream.read(min(READ_CHUNK_BYTES, limit - len(body)))
+                    if not chunk:
+                        break
+                    body += chunk
+            except TimeoutError:  # the socket's own deadline, as long as this one
+                return None
             return bytes(body)
         return None
 
@@ -111,27 +135,48 @@ def serve(options: ServeOptions) -> None:
     master = os.getpid()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_directory
     from gunicorn.app.base import BaseApplication
+    from gunicorn.workers.ggevent import GeventWorker
 
-    from hooks.app import create_app
-    from hooks.observability import LOGGING
+    from hooks.app import HOOKS, create_app
+    from hooks.observability import LOGGING, record
+
+    def refused(path: str, outcome: str) -> None:
+        hook = path.strip("/")
+        record(hook if hook in HOOKS else "other", outcome, 0.0, None, None)
+
+    class HookWorker(GeventWorker):
+        """gevent's worker, but a client socket gives up after client_timeout: gunicorn's
+        makes it blocking for good, so a client that stopped reading held its connection."""
+
+        def handle(self, listener: Any, client: Any, addr: Any) -> None:
+            client.settimeout(options.client_timeout)
+            super(GeventWorker, self).handle(listener, client, addr)  # not GeventWorker's: it undoes this
 
     # Workers inherit the compiled schema validators instead of each compiling them on a call.
     kubernetes_schema.warm_up()
+
+    def fold(pid: int) -> None:
+        # Runs in gunicorn's arbiter loop, where an exception would stop the master.
+        try:
+            metrics_dir.fold_dead_worker(metrics_directory, pid)
+        except Exception:
+            log.exception("could not fold the metrics of dead worker %s", pid)
 
     class HookServer(BaseApplication):
         def load_config(self) -> None:
             self.cfg.set("bind", [options.bind])
             self.cfg.set("workers", options.workers)
-            self.cfg.set("worker_class", "gevent")
+            self.cfg.set("worker_class", HookWorker)
+            self.cfg.set("worker_connections", WORKER_CONNECTIONS)
             self.cfg.set("timeout", options.timeout)
-            # Also the deadline for a request's line and headers: a client that has not sent
-            # them within 5 s is disconnected. Longer than Go's idle-connection reuse needs.
+            # How long an idle connection stays open, and also the deadline for a request's
+            # line and headers: a client that has not sent them within 5 s is disconnected.
             self.cfg.set("keepalive", 5)
             self.cfg.set("graceful_timeout", GRACEFUL_TIMEOUT_SECONDS)
             self.cfg.set("logconfig_dict", LOGGING)
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
-            self.cfg.set("child_exit", lambda _server, worker: metrics_dir.fold_dead_worker(metrics_directory, worker.pid))
+            self.cfg.set("child_exit", lambda _server, worker: fold(worker.pid))
             if "control_socket_disable" in self.cfg.settings:
                 # Unused, and it would need a writable home directory.
                 self.cfg.set("control_socket_disable", True)
@@ -141,7 +186,7 @@ def serve(options: ServeOptions) -> None:
 
         def load(self) -> Any:
             app = create_app(options.max_request_bytes, options.auth)
-            return BufferedBody(app.wsgi_app, options.max_request_bytes, options.read_timeout)
+            return BufferedBody(app.wsgi_app, options.max_request_bytes, options.client_timeout, options.auth, refused)
 
     try:
         HookServer().run()

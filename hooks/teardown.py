@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_last_applied
+from hooks.contract import HookRequest, as_last_applied, field_at
 from hooks.renderers.common import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
 from hooks.renderers.pods import pod_template as workload_template
 
@@ -38,22 +38,14 @@ FALLBACK_GRACE_SECONDS = 600
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 
 
-def _at(obj: Any, *keys: str) -> Any:
-    """obj[k1][k2]..., or None where a level is missing or not an object (observed children are
-    the API server's, but a request body may hold anything)."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
 def _labels(obj: Any) -> dict[str, str]:
-    labels = _at(obj, "metadata", "labels")
+    labels = field_at(obj, "metadata", "labels")
     return labels if isinstance(labels, dict) else {}
 
 
 def _component(workload: dict[str, Any]) -> str | None:
     """server or worker, from the pod template the hook rendered."""
-    template = _at(workload, "spec", "template") or _at(workload, "spec", "leaderWorkerTemplate", "leaderTemplate")
+    template = field_at(workload, "spec", "template") or field_at(workload, "spec", "leaderWorkerTemplate", "leaderTemplate")
     return _labels(template).get(COMPONENT_LABEL)
 
 

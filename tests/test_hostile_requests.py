@@ -115,7 +115,7 @@ def test_a_valid_surrogate_pair_is_text(hooks: HookClient) -> None:
     reply = hooks.request("POST", "/sync", body.encode())
     assert reply.status == 200
     images = {c["spec"]["template"]["spec"]["containers"][0]["image"] for c in reply.json["children"] if c["kind"] == "Deployment"}
-    assert "\U0001f600" in "".join(images)  # one character, written back as UTF-8
+    assert "\U0001f600" in "".join(images)  # one character again once the answer is decoded
 
 
 STRANGE_BUT_ANSWERABLE = {
@@ -141,3 +141,18 @@ def test_a_wrong_type_in_extra_pod_spec_names_the_field(converged_requests) -> N
     status = hooks.post("/sync", body).get_json()["status"]
     assert status["state"] == "failed"
     assert status["message"] == "spec.services.server.extraPodSpec.containers[0].name: must be string"
+
+
+def test_a_lone_surrogate_inside_an_observed_annotation_is_answered(converged_requests) -> None:
+    from hooks.contract import LAST_APPLIED_ANNOTATION
+
+    hooks, bodies = converged_requests
+    body = copy.deepcopy(bodies["/sync"])
+    body["parent"]["spec"]["backendFramework"] = "tensorrt"  # invalid: observed children are returned as last applied
+    service = next(iter(body["children"]["Service.v1"].values()))
+    service["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = json.dumps(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": service["metadata"]["name"]}, "spec": {"x": "\ud800"}}
+    )
+    reply = hooks.post("/sync", body)
+    assert reply.status_code == 200
+    assert reply.get_json()["status"]["state"] == "failed"

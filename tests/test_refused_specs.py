@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, parent
+from tests.conftest import REPO, HookClient, parent, request_body
 from tests.schemas import hook_schema
 from tests.simulator import Metacontroller
 
@@ -97,8 +97,15 @@ def test_an_answer_over_the_size_bound_is_refused(converged: Metacontroller) -> 
 def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontroller) -> None:
     key = "k" * 100_000 + "\n"
     message = refusal(converged, lambda spec: spec["services"]["decode"].update(podLabels={key: "a"}))
+    assert message == (
+        "invalid spec: spec.services.decode.podLabels: '" + "k" * 99 + "... (100,004 characters) is not a valid label or "
+        "annotation key (e.g. example.com/team)"
+    )
+    # However many things it lists, a message is cut to 2048 characters, saying so.
+    unknown = {f"field{index:04d}": 1 for index in range(1000)}
+    message = refusal(converged, extra("decode", **unknown))
     assert len(message) <= 2048
-    assert message.startswith("invalid spec: spec.services.decode.podLabels: 'kkkk")
+    assert message.startswith("spec.services.decode.extraPodSpec: 'field0000', 'field0001', ")
     assert message.endswith(" more characters)")
 
 
@@ -145,7 +152,11 @@ REFUSED_BY_THE_API_SERVER = {
     ),
     "extraPodSpec garbage valueFrom": (
         extra("decode", containers=[{"name": "main", "env": [{"name": "A", "valueFrom": {"garbage": 1}}]}]),
-        "spec.services.decode.extraPodSpec.containers[0].env[0].valueFrom: must not contain {'garbage'} properties",
+        "spec.services.decode.extraPodSpec.containers[0].env[0].valueFrom: unknown field 'garbage'",
+    ),
+    "extraPodSpec unknown fields, named in a stable order": (
+        extra("decode", containers=[{"name": "main", "env": [{"name": "A", "valueFrom": {"zz": 1, "garbage": 1, "aa": 1}}]}]),
+        "spec.services.decode.extraPodSpec.containers[0].env[0].valueFrom: unknown fields 'aa', 'garbage', 'zz'",
     ),
     "extraPodSpec mount of a missing volume": (
         extra("decode", containers=[{"name": "main", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}]),
@@ -210,6 +221,20 @@ REFUSED_BY_THE_API_SERVER = {
         patch("Deployment", "qwen-pd-decode", {"op": "replace", "path": "/spec/replicas", "value": "2"}),
         PATCHED + "spec.replicas: must be integer or null",
     ),
+    "patch that makes metadata a string": (
+        patch("Deployment", "qwen-pd-decode", {"op": "replace", "path": "/metadata", "value": "x"}),
+        "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity "
+        "labels",
+    ),
+    "patch with annotations of the wrong type": (
+        patch("Deployment", "qwen-pd-decode", {"op": "add", "path": "/metadata/annotations", "value": ["a"]}),
+        PATCHED + "metadata.annotations: must be object or null",
+    ),
+    "patch with a huge invalid label value, quoted short": (
+        patch("Deployment", "qwen-pd-decode", {"op": "add", "path": "/spec/template/metadata/labels/example.com~1x", "value": "!" * 100_000}),
+        PATCHED + "spec.template.metadata.labels.example.com/x: '" + "!" * 99 + "... (100,002 characters) is not a valid label "
+        "value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)",
+    ),
     "patch on a Service port": (
         lambda spec: spec.update(patches=[{"target": {"kind": "Service", "name": "qwen-pd-server"},
                                            "patch": [{"op": "replace", "path": "/spec/ports/0/port", "value": 0}]}]),
@@ -228,3 +253,13 @@ def test_what_the_api_server_would_refuse_fails_in_the_hook(converged: Metacontr
 def test_committed_kubernetes_schema_is_what_the_generator_prints() -> None:
     committed = (REPO / "hooks" / "kubernetes-schema.json").read_text()
     assert committed == hook_schema(), "regenerate: python -m tests.schemas > hooks/kubernetes-schema.json"
+
+
+def test_a_patch_may_set_a_field_newer_than_the_shipped_schemas(hooks: HookClient) -> None:
+    obj = parent(PD)
+    patch("Deployment", "qwen-pd-decode", {"op": "add", "path": "/spec/template/spec/hostnameOverride", "value": "d"})(obj["spec"])
+    # Not hooks.sync: the test suite's own validation is Kubernetes 1.33's, which lacks the field.
+    answer = hooks.hook_raw("/sync", request_body(obj))
+    assert answer["status"]["state"] != "failed", answer["status"]["message"]
+    (decode,) = [c for c in answer["children"] if c["metadata"]["name"] == "qwen-pd-decode"]
+    assert decode["spec"]["template"]["spec"]["hostnameOverride"] == "d"

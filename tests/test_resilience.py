@@ -3,6 +3,7 @@ real `infera-hooks serve` on loopback and stops every process it starts by PID."
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -252,6 +253,7 @@ def small_graph(index: int) -> dict:
     from hooks.app import READINESS_PROBE_REQUEST
 
     obj = json.loads(json.dumps(READINESS_PROBE_REQUEST["parent"]))
+    del obj["spec"]["patches"]  # they name the probe's own children
     obj["metadata"] = {"name": f"inference-graph-{index:05d}-qwen3-0-6b", "namespace": f"team-{index % 100:03d}-inference",
                        "generation": 1, "uid": f"uid-{index}"}
     if index % 3 == 0:
@@ -302,7 +304,7 @@ def sync_head(length: int) -> bytes:
 
 def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> None:
     body = pd_body()
-    with running_server(tmp_path, "--read-timeout", "3", workers=2) as server:
+    with running_server(tmp_path, "--client-timeout", "3", workers=2) as server:
         client = HookClient(server.url)
         tricklers = [raw_connection(server) for _ in range(16)]
         stop = threading.Event()
@@ -334,7 +336,7 @@ def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> No
                     slowest = max(slowest, time.monotonic() - started)
                     assert reply.status == 200
             assert slowest < 1.0, f"a call took {slowest:.2f} s next to 16 trickling clients"
-            # Deadlines: bodies get 408 after --read-timeout; headers, the keep-alive timeout (5 s).
+            # Deadlines: bodies get 408 after --client-timeout; headers, the keep-alive timeout (5 s).
             answers = [read_reply(connection) for connection in tricklers]
         finally:
             stop.set()
@@ -348,16 +350,71 @@ def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> No
             assert answer == b"", answer
 
 
-def test_large_bodies_in_flight_are_bounded_per_worker(tmp_path: Path) -> None:
-    limit = 1_000_000
-    with running_server(tmp_path, "--read-timeout", "2", "--max-request-bytes", str(limit), workers=1) as server:
-        stalled = [raw_connection(server) for _ in range(2)]
-        for connection in stalled:
-            connection.sendall(sync_head(limit) + b"{")
+def test_large_bodies_in_flight_are_bounded_and_never_block_normal_calls(tmp_path: Path) -> None:
+    limit = 4_000_000
+    with running_server(tmp_path, "--client-timeout", "2", "--max-request-bytes", str(limit), workers=1) as server:
+        stalled = raw_connection(server)
+        stalled.sendall(sync_head(limit) + b"{")
         time.sleep(0.3)
-        third = raw_connection(server)
-        third.sendall(sync_head(limit))
-        assert read_reply(third).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
-        # The two stalled ones time out and free the budget: a normal call goes through.
-        assert all(read_reply(connection).startswith(b"HTTP/1.1 408 ") for connection in stalled)
+        # One maximum-size body at a time: the next large one is turned away at once...
+        second = raw_connection(server)
+        second.sendall(sync_head(limit))
+        assert read_reply(second).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+        # ...while a normal call, with a budget of its own, goes through.
         assert HookClient(server.url).request("POST", "/sync", pd_body()).status == 200
+        assert read_reply(stalled).startswith(b"HTTP/1.1 408 ")
+        samples = scrape(HookClient(server.url))
+    assert samples['infera_hook_requests_total{hook="sync",outcome="busy"}'] == 1
+    assert samples['infera_hook_requests_total{hook="sync",outcome="timeout"}'] == 1
+
+
+def test_an_unauthenticated_body_is_refused_unread(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    with running_server(tmp_path, "--auth-token-file", str(token), "--client-timeout", "30", workers=1) as server:
+        connection = raw_connection(server)
+        connection.sendall(sync_head(1_000_000) + b"{")  # and nothing more
+        started = time.monotonic()
+        assert read_reply(connection).startswith(b"HTTP/1.1 401 ")
+        assert time.monotonic() - started < 5  # not after the 30 s body deadline
+
+
+def test_a_client_that_does_not_read_its_answer_is_disconnected(tmp_path: Path) -> None:
+    from tests.test_hardening import big_graph
+
+    graph = big_graph(200)
+    for service in graph["spec"]["services"].values():  # a 6 MB answer: more than the kernel buffers
+        service["podAnnotations"] = {"example.com/note": "x" * 30_000}
+    body = json.dumps(request_body(graph)).encode()
+    with running_server(tmp_path, "--client-timeout", "2", workers=1) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        connection = socket.socket()
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answer cannot all fit
+        connection.connect((host, int(port)))
+        connection.sendall(sync_head(len(body)) + body)
+        time.sleep(4)  # not reading: the server's send blocks, then gives up
+        received = read_reply(connection)
+        declared = int(re.search(rb"(?i)content-length: *(\d+)", received).group(1))
+        assert len(received.partition(b"\r\n\r\n")[2]) < declared  # cut off, not delivered late
+        assert HookClient(server.url).request("GET", "/healthz").status == 200
+
+
+def test_the_state_table_expires_what_it_no_longer_hears_of_and_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hooks import metrics_dir
+
+    now = [1000.0]
+    table = metrics_dir.StateTable(":memory:", clock=lambda: now[0])
+    table.set("ml", "a", "ready")
+    table.set("ml", "b", "pending")
+    now[0] += metrics_dir.STATE_EXPIRY_SECONDS - 10
+    table.set("ml", "a", "ready")  # heard of again: refreshed (more than a minute since)
+    now[0] += 20
+    # b was finalized through the other hook replica, or re-recorded by a late sync: it expires.
+    assert table.rows() == [("ml", "a", "ready")]
+    table.set("ml", "a", None)  # finalized here
+    assert table.rows() == []
+    monkeypatch.setattr(metrics_dir, "MAX_STATES", 2)
+    assert table.set("ml", "x", "ready") and table.set("ml", "y", "ready")
+    assert table.set("ml", "z", "ready") is False  # full: not recorded
+    assert table.set("ml", "x", "failed")  # known ones still change
+    assert table.rows() == [("ml", "x", "failed"), ("ml", "y", "ready")]

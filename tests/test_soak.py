@@ -98,7 +98,7 @@ def trickle(port: int) -> str | None:
 
 
 def test_a_minute_of_mixed_traffic_with_a_worker_killed(tmp_path: Path) -> None:
-    with running_server(tmp_path, "--read-timeout", "2", workers=2) as server:
+    with running_server(tmp_path, "--client-timeout", "2", workers=2) as server:
         port = int(server.url.rsplit(":", 1)[1])
         problems: list[str] = []
         outcomes: Counter[str] = Counter()

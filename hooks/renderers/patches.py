@@ -13,8 +13,8 @@ from hooks.renderers.common import DEPLOYMENT_LABEL, SERVICE_LABEL
 
 def _identity(child: dict) -> tuple:
     """What Metacontroller and this hook recognise a child by: kind, name and identity labels."""
-    metadata = child.get("metadata") or {}
-    labels = metadata.get("labels") or {}
+    metadata = child.get("metadata") if isinstance(child.get("metadata"), dict) else {}
+    labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
     return child.get("apiVersion"), child.get("kind"), metadata.get("name"), labels.get(DEPLOYMENT_LABEL), labels.get(SERVICE_LABEL)
 
 
