@@ -10,15 +10,13 @@ import copy
 import json
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO, controller, load_yaml, parent, request_body, vllm_worker_args
 from tests.simulator import Metacontroller
 
-SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=40)  # the rest from the "infera" profile (tests/conftest.py)
 
 names = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True).filter(lambda n: n not in ("nats", "disc", "epp"))
 quantities = st.sampled_from(["1", "500m", "1000m", "2", 4, "0.5", "1Gi", "1024Mi", "64Gi", "1.5Gi", "2000", "1e3"])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import kubelet, runtime
@@ -530,7 +530,7 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
     return parent({"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec})
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(idep=graphs())
 def test_generated_graphs_start(hooks, idep: dict[str, Any]) -> None:
     graph = rendered_graph(hooks, idep)
@@ -574,7 +574,7 @@ def edited_graphs(draw: st.DrawFn) -> dict[str, Any]:
     return idep
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=80)
 @given(idep=edited_graphs())
 def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict[str, Any]) -> None:
     """Over HTTP the hook accepts or refuses; the checker, running the runtime's parsers and the
