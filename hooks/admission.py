@@ -35,7 +35,7 @@ from hooks.api import (
 from hooks.contract import field_at
 from hooks.kubernetes_schema import Problem
 from hooks.quantity import quantity_value
-from hooks.renderers.common import SERVICE_LABEL
+from hooks.vocabulary import SERVICE_LABEL
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")

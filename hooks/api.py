@@ -12,6 +12,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -716,6 +717,21 @@ class InferaDeployment(BaseModel):
 
     metadata: ParentMeta
     spec: InferaDeploymentSpec
+
+    @classmethod
+    def from_parent(cls, parent: dict[str, Any]) -> "InferaDeployment":
+        """The parent as Metacontroller sends it, validated: the one way every hook parses it.
+        Raises SpecError naming each bad field by its API path (`spec.services.decode.replicas`)."""
+        try:
+            return cls.model_validate({"metadata": parent.get("metadata"), "spec": parent.get("spec") or {}})
+        except ValidationError as error:
+            problems = []
+            for item in error.errors():
+                path = ".".join(str(part) for part in item["loc"])
+                # Our own rules already say what is wrong; pydantic would prefix "Value error, ".
+                message = str(item["ctx"]["error"]) if item["type"] == "value_error" else item["msg"]
+                problems.append(f"{path}: {message}" if path else message)
+            raise SpecError(f"invalid spec: {'; '.join(problems)}") from None
 
     @model_validator(mode="after")
     def _name_lengths(self) -> "InferaDeployment":

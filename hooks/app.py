@@ -5,6 +5,7 @@ always gets a complete 200 answer (a bad spec is reported in status, not as an H
 Hook endpoints may require a bearer token; health and metrics stay open.
 """
 
+import functools
 import hashlib
 import json
 import logging
@@ -38,7 +39,15 @@ def _code_digest() -> bytes:
 
 # An ETag names the answer to one request body for one hook, by this build of the code.
 ETAG_SEED = _code_digest()
-HOOKS = ("sync", "finalize", "customize")
+# Every hook is a pure function of the request, and whether its answers may be cached. Teardown
+# answers depend on the clock (a pod past its deletion deadline, the blind drain window): the
+# same request must get a new answer once time has moved.
+HOOK_TABLE: dict[str, tuple[Callable[[HookRequest], dict], bool]] = {
+    "sync": (reconcile.sync, True),
+    "finalize": (teardown.finalize, False),
+    "customize": (teardown.customize, True),
+}
+HOOKS = tuple(HOOK_TABLE)
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -210,19 +219,8 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
 
-    @app.post("/sync")
-    def sync() -> Response:
-        return _hook("sync", reconcile.sync, cache)
-
-    @app.post("/finalize")
-    def finalize() -> Response:
-        # Teardown answers depend on the clock (a pod past its deletion deadline, the blind
-        # drain window): the same request must get a new answer once time has moved.
-        return _hook("finalize", teardown.finalize, None)
-
-    @app.post("/customize")
-    def customize() -> Response:
-        return _hook("customize", lambda hook_request: teardown.customize(hook_request.parent), cache)
+    for name, (handler, cached) in HOOK_TABLE.items():
+        app.add_url_rule(f"/{name}", name, functools.partial(_hook, name, handler, cache if cached else None), methods=["POST"])
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hooks import vocabulary
+
 LAST_APPLIED_ANNOTATION = "metacontroller.k8s.io/last-applied-configuration"
 # Metacontroller sends the parent plus every child; 16 MiB is far above any real graph.
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -21,17 +23,7 @@ class BadRequest(ValueError):
 
 
 # Child kinds the hook can emit, by the (apiVersion, resource) of a childResources entry.
-CHILD_KINDS = {
-    ("apps/v1", "deployments"): "Deployment",
-    ("apps/v1", "statefulsets"): "StatefulSet",
-    ("v1", "services"): "Service",
-    ("v1", "serviceaccounts"): "ServiceAccount",
-    ("rbac.authorization.k8s.io/v1", "roles"): "Role",
-    ("rbac.authorization.k8s.io/v1", "rolebindings"): "RoleBinding",
-    ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"): "LeaderWorkerSet",
-    ("inference.networking.k8s.io/v1", "inferencepools"): "InferencePool",
-    ("gateway.networking.k8s.io/v1", "httproutes"): "HTTPRoute",
-}
+CHILD_KINDS = {(child.api_version, child.resource): child.kind for child in vocabulary.CHILD_KINDS}
 
 Kind = tuple[str, str]  # (kind, apiVersion)
 
@@ -40,7 +32,6 @@ Kind = tuple[str, str]  # (kind, apiVersion)
 class HookRequest:
     parent: dict[str, Any]
     children: list[dict[str, Any]]
-    finalizing: bool
     # Objects the customize hook asked for, and the Kind.apiVersion keys Metacontroller sent for
     # them (present, possibly empty, for every kind the customize hook asks for).
     related: list[dict[str, Any]] = field(default_factory=list)
@@ -150,13 +141,11 @@ def parse_request(body: Any) -> HookRequest:
     metadata = parent.get("metadata")
     if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str) or not metadata["name"]:
         raise BadRequest("'parent.metadata.name' is missing")
-    finalizing = body.get("finalizing", False)
-    if not isinstance(finalizing, bool):
+    if not isinstance(body.get("finalizing", False), bool):
         raise BadRequest("'finalizing' must be a boolean")
     return HookRequest(
         parent=parent,
         children=_objects(body.get("children"), "children"),
-        finalizing=finalizing,
         registered=_registered(body),
         related=_objects(body.get("related"), "related"),
         related_kinds=frozenset(body["related"]) if isinstance(body.get("related"), dict) else frozenset(),

@@ -10,15 +10,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client import REGISTRY as PROCESS_REGISTRY
 
 from hooks import metrics_dir
+from hooks.api import State
 
-STATES = ("initializing", "pending", "ready", "failed", "terminating")
+STATES = get_args(State)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 HOOK_CALLS = Counter("infera_hook_requests", "Hook calls by hook and outcome.", ["hook", "outcome"])

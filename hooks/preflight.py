@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hooks.api import InferaDeployment, ServiceSpec, SpecError, VLLM_ROLE_RULE, primary_index
-from hooks.renderers.common import DEPLOYMENT_LABEL, SERVICE_LABEL
 from hooks.runtime import EPP_MODULE, SERVER_MODULE, WORKER_MODULES, expand, flag_value, literal_values
+from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 
 MODULES = (SERVER_MODULE, EPP_MODULE, *WORKER_MODULES.values())
 SGLANG, VLLM = WORKER_MODULES["sglang"], WORKER_MODULES["vllm"]

@@ -3,27 +3,26 @@
 import logging
 from typing import Any
 
-from pydantic import ValidationError
-
-from hooks import admission, preflight, status
+from hooks import admission, preflight, status, vocabulary
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.renderers import discovery, gaie, nats
-from hooks.renderers.common import SERVICE_LABEL
 from hooks.renderers.patches import apply_patches
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
+from hooks.vocabulary import SERVICE_LABEL
 
-# Where each optional kind is registered; the rest are in the base bundle.
-ENABLING_COMPONENTS = {
-    "LeaderWorkerSet": "the kustomize component metacontroller/components/lws",
-    "InferencePool": "the kustomize component metacontroller/components/gaie",
-    "HTTPRoute": "the kustomize component metacontroller/components/gaie",
-}
 
 log = logging.getLogger(__name__)
+
+
+def _where_registered(kind: str) -> str:
+    component = vocabulary.BY_KIND[kind].component if kind in vocabulary.BY_KIND else None
+    if component is None:
+        return "it in metacontroller/compositecontroller.yaml"
+    return f"the kustomize component metacontroller/components/{component}"
 
 
 def render_children(idep: InferaDeployment) -> list[dict]:
@@ -48,27 +47,6 @@ def render_children(idep: InferaDeployment) -> list[dict]:
     return patched
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    """One line naming each bad field by its API path, e.g. `spec.services.decode.replicas`."""
-    problems = []
-    for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"])
-        # Our own rules already say what is wrong; pydantic would prefix "Value error, ".
-        message = str(item["ctx"]["error"]) if item["type"] == "value_error" else item["msg"]
-        problems.append(f"{path}: {message}" if path else message)
-    return "; ".join(problems)
-
-
-def parse_parent(parent: dict[str, Any]) -> InferaDeployment:
-    """Validate the parent; raises SpecError naming the field on any problem."""
-    try:
-        return InferaDeployment.model_validate(
-            {"metadata": parent.get("metadata"), "spec": parent.get("spec") or {}}
-        )
-    except ValidationError as error:
-        raise SpecError(f"invalid spec: {describe_validation_error(error)}") from None
-
-
 def _previous_status(request: HookRequest) -> dict[str, Any]:
     previous = request.parent.get("status")
     return previous if isinstance(previous, dict) else {}
@@ -76,7 +54,7 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
 
 def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
     try:
-        idep = parse_parent(request.parent)
+        idep = InferaDeployment.from_parent(request.parent)
         children = render_children(idep)
         if idep.spec.gaie.enabled and not all(request.allows(child) for child in gaie.render(idep)):
             # Without its gateway objects, GAIE would only half-convert the graph (sidecars
@@ -118,7 +96,7 @@ def withhold_unregistered(request: HookRequest, children: list[dict[str, Any]]) 
     messages = [
         f"{child['kind']} {child['metadata']['name']} cannot be created: this CompositeController does not "
         f"register {child['kind']} ({child['apiVersion']}); enable "
-        f"{ENABLING_COMPONENTS.get(child['kind'], 'it in metacontroller/compositecontroller.yaml')}"
+        f"{_where_registered(child['kind'])}"
         for child in withheld
     ]
     return answer, messages

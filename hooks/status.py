@@ -11,15 +11,14 @@ from typing import Any
 
 from hooks.api import InferaDeployment
 from hooks.contract import child_key
-from hooks.renderers import gaie
-from hooks.renderers.common import EPP_SUFFIX, child_name
-from hooks.renderers.workloads import workload_kind
+from hooks.vocabulary import EPP_SUFFIX, child_name, pool_name, route_name, workload_kind
 
-Clock = Callable[[], str]
+# Every hook takes the time from one of these: a test passes its own.
+Clock = Callable[[], datetime]
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 def _as_int(value: Any) -> int:
@@ -43,7 +42,7 @@ def _condition(
         "reason": reason,
         "message": message,
         "observedGeneration": generation,
-        "lastTransitionTime": prior["lastTransitionTime"] if unchanged else now(),
+        "lastTransitionTime": prior["lastTransitionTime"] if unchanged else now().strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
@@ -107,8 +106,8 @@ def _reports_conditions(obj: dict[str, Any]) -> bool:
 def gaie_status(idep: InferaDeployment, by_key: Observed) -> dict[str, Any]:
     """The Inference Gateway objects as their controllers report them."""
     epp = by_key.get(("Deployment", child_name(idep, EPP_SUFFIX))) or {}
-    pool = by_key.get(("InferencePool", gaie.pool_name(idep)))
-    route = by_key.get(("HTTPRoute", gaie.route_name(idep)))
+    pool = by_key.get(("InferencePool", pool_name(idep)))
+    route = by_key.get(("HTTPRoute", route_name(idep)))
     epp_replicas = _as_int((epp.get("spec") or {}).get("replicas", 1))
     epp_ready = _as_int((epp.get("status") or {}).get("readyReplicas"))
     # A pool is ready once it exists, or, when its gateway writes conditions, once Accepted.
@@ -117,8 +116,8 @@ def gaie_status(idep: InferaDeployment, by_key: Observed) -> dict[str, Any]:
     return {
         "eppReplicas": epp_replicas,
         "eppReadyReplicas": epp_ready,
-        "inferencePoolName": gaie.pool_name(idep),
-        "httpRouteName": gaie.route_name(idep),
+        "inferencePoolName": pool_name(idep),
+        "httpRouteName": route_name(idep),
         "inferencePoolReady": pool_ready,
         "httpRouteAccepted": route_accepted,
         "ready": epp_ready >= 1 and pool_ready and route_accepted,

@@ -16,14 +16,14 @@ gives the same next step, and a child already let go is never handed back.
    has passed; a pod long past its own deletion deadline (a lost node) no longer holds them.
 """
 
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied, field_at
-from hooks.renderers.common import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
 from hooks.renderers.pods import pod_template as workload_template
+from hooks.status import Clock, utc_now
+from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
 
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
 # propagating), even if no watch event arrives.
@@ -90,15 +90,15 @@ def draining_worker_pods(request: HookRequest, now: datetime) -> list[dict[str, 
 def longest_worker_grace(parent: dict[str, Any]) -> timedelta:
     """The longest termination grace period a worker pod of this graph gets."""
     try:
-        idep = InferaDeployment.model_validate({"metadata": parent.get("metadata"), "spec": parent.get("spec") or {}})
+        idep = InferaDeployment.from_parent(parent)
         templates = [workload_template(idep, service, svc) for service, svc in idep.spec.services.items() if svc.is_worker]
         seconds = max((t["spec"].get("terminationGracePeriodSeconds", 0) for t in templates), default=0)
-    except (ValueError, SpecError):  # an invalid spec must not stop the teardown
+    except SpecError:  # an invalid spec must not stop the teardown
         seconds = FALLBACK_GRACE_SECONDS
     return timedelta(seconds=seconds)
 
 
-def finalize(request: HookRequest, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
+def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
     by_stage: dict[str, list[dict[str, Any]]] = {"ingress": [], "workers": [], "plane": []}
     for child in request.children:
         by_stage[stage(child)].append(child)
@@ -132,9 +132,9 @@ def _blind_drain_pending(request: HookRequest, now: datetime) -> bool:
     return now < started + longest_worker_grace(request.parent) + STAGE_SLACK
 
 
-def customize(parent: dict[str, Any]) -> dict[str, Any]:
+def customize(request: HookRequest) -> dict[str, Any]:
     """Ask Metacontroller for the graph's Pods, so finalize sees workers still draining."""
-    metadata = parent["metadata"]
+    metadata = request.parent["metadata"]
     return {
         "relatedResources": [
             {

@@ -579,9 +579,10 @@ def edited_graphs(draw: st.DrawFn) -> dict[str, Any]:
 def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict[str, Any]) -> None:
     """Over HTTP the hook accepts or refuses; the checker, running the runtime's parsers and the
     real shell on the same graph rendered without the hook's checks, must agree."""
-    from hooks.reconcile import parse_parent, render_children
+    from hooks.api import InferaDeployment
+    from hooks.reconcile import render_children
 
     runtime.need_runtime()
     status = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))["status"]
-    problems = Graph(idep, render_children(parse_parent(idep))).check()
+    problems = Graph(idep, render_children(InferaDeployment.from_parent(idep))).check()
     assert (status["state"] != "failed") == (problems == []), (status["message"], problems)

@@ -1,7 +1,7 @@
 """The discovery identity of kubernetes discovery: ServiceAccount, Role and RoleBinding."""
 
 from hooks.api import GROUP, PLURAL, InferaDeployment
-from hooks.renderers.common import DEPLOYMENT_LABEL, DISCOVERY_SUFFIX, child_name, object_metadata
+from hooks.vocabulary import DEPLOYMENT_LABEL, DISCOVERY_SUFFIX, child_name, object_metadata
 
 
 def label_selector(idep: InferaDeployment) -> str:

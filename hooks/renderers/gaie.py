@@ -4,28 +4,20 @@ HTTPRoute. The frontend sidecar it routes to lives in the worker pods (pods.fron
 from hooks import runtime
 from hooks.api import InferaDeployment
 from hooks.renderers import discovery
-from hooks.renderers.common import (
+from hooks.renderers.pods import gaie_image
+from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
+from hooks.vocabulary import (
+    BY_KIND,
     DEPLOYMENT_LABEL,
     EPP_SUFFIX,
     GAIE_FRONTEND_LABEL,
     child_name,
     identity_labels,
     object_metadata,
+    pool_name,
+    route_name,
     selector_labels,
 )
-from hooks.renderers.pods import gaie_image
-from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
-
-POOL_API_VERSION = "inference.networking.k8s.io/v1"
-ROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
-
-
-def pool_name(idep: InferaDeployment) -> str:
-    return child_name(idep, "pool")
-
-
-def route_name(idep: InferaDeployment) -> str:
-    return child_name(idep, "route")
 
 
 def epp_deployment(idep: InferaDeployment) -> dict:
@@ -75,7 +67,7 @@ def epp_service(idep: InferaDeployment) -> dict:
 
 def inference_pool(idep: InferaDeployment) -> dict:
     return {
-        "apiVersion": POOL_API_VERSION,
+        "apiVersion": BY_KIND["InferencePool"].api_version,
         "kind": "InferencePool",
         "metadata": object_metadata(idep, EPP_SUFFIX, pool_name(idep)),
         "spec": {
@@ -116,7 +108,7 @@ def http_route(idep: InferaDeployment) -> dict:
     if gaie.hostnames:
         spec["hostnames"] = list(gaie.hostnames)
     return {
-        "apiVersion": ROUTE_API_VERSION,
+        "apiVersion": BY_KIND["HTTPRoute"].api_version,
         "kind": "HTTPRoute",
         "metadata": object_metadata(idep, EPP_SUFFIX, route_name(idep)),
         "spec": spec,

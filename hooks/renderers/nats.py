@@ -1,7 +1,7 @@
 """The managed NATS JetStream broker: a one-pod StatefulSet and its headless Service."""
 
 from hooks.api import InferaDeployment
-from hooks.renderers.common import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
+from hooks.vocabulary import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
 
 CLIENT_PORT = 4222
 MONITOR_PORT = 8222

@@ -8,7 +8,7 @@ import jsonpointer
 
 from hooks.api import SpecError
 from hooks.limits import RenderedSize, json_size
-from hooks.renderers.common import DEPLOYMENT_LABEL, SERVICE_LABEL
+from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 
 
 def _identity(child: dict) -> tuple:

@@ -5,8 +5,8 @@ from hooks import preflight, runtime
 from hooks.api import InferaDeployment, ServiceSpec, primary_index
 from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, overlay
-from hooks.renderers.common import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
 from hooks.runtime import Process
+from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
 
 # As the upstream operator names them: scripts run `kubectl logs -c infera`.
 PRIMARY_CONTAINER = "infera"

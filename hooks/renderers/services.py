@@ -1,8 +1,8 @@
 """The ClusterIP Service in front of each server."""
 
 from hooks.api import InferaDeployment, ServiceSpec
-from hooks.renderers.common import object_metadata, selector_labels
 from hooks.renderers.pods import PORT_NAME
+from hooks.vocabulary import object_metadata, selector_labels
 
 
 def server_service(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:

@@ -1,14 +1,8 @@
 """The workload of each service: a Deployment, or a LeaderWorkerSet for a multi-node pool."""
 
 from hooks.api import InferaDeployment, ServiceSpec
-from hooks.renderers.common import object_metadata, selector_labels
 from hooks.renderers.pods import pod_template
-
-LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
-
-
-def workload_kind(svc: ServiceSpec) -> str:
-    return "LeaderWorkerSet" if svc.number_of_nodes > 1 else "Deployment"
+from hooks.vocabulary import BY_KIND, object_metadata, selector_labels
 
 
 def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
@@ -32,7 +26,7 @@ def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
 def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
     """One model instance spanning `numberOfNodes` pods; `replicas` counts such groups."""
     return {
-        "apiVersion": LWS_API_VERSION,
+        "apiVersion": BY_KIND["LeaderWorkerSet"].api_version,
         "kind": "LeaderWorkerSet",
         "metadata": object_metadata(idep, service),
         "spec": {

@@ -1,0 +1,75 @@
+"""The operator's vocabulary: what its children are called, the labels that identify them, and
+the kinds it creates with the kustomize component that registers each optional one. Renderers,
+status, teardown, reconcile and the request contract all speak it, so none of them reaches into
+another's internals for a name."""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only annotations: the request contract uses this module without the API
+    from hooks.api import InferaDeployment, ServiceSpec
+
+DEPLOYMENT_LABEL = "infera.amd.com/deployment"
+SERVICE_LABEL = "infera.amd.com/service"
+COMPONENT_LABEL = "infera.amd.com/component"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "infera-hooks"
+# On the worker pods that carry the GAIE frontend sidecar: the InferencePool selects on it.
+GAIE_FRONTEND_LABEL = "infera.amd.com/gaie-frontend"
+
+# Suffixes of the plumbing children; a service of the same name would collide with them.
+NATS_SUFFIX = "nats"
+DISCOVERY_SUFFIX = "disc"
+EPP_SUFFIX = "epp"
+
+
+def child_name(idep: "InferaDeployment", suffix: str) -> str:
+    return f"{idep.name}-{suffix}"
+
+
+def selector_labels(idep: "InferaDeployment", service: str) -> dict[str, str]:
+    """The immutable selector of a workload: only identity, so later label edits never touch it."""
+    return {DEPLOYMENT_LABEL: idep.name, SERVICE_LABEL: service}
+
+
+def identity_labels(idep: "InferaDeployment", service: str) -> dict[str, str]:
+    return {**selector_labels(idep, service), MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def object_metadata(idep: "InferaDeployment", service: str, name: str | None = None) -> dict:
+    return {"name": name or child_name(idep, service), "labels": identity_labels(idep, service)}
+
+
+def pool_name(idep: "InferaDeployment") -> str:
+    return child_name(idep, "pool")
+
+
+def route_name(idep: "InferaDeployment") -> str:
+    return child_name(idep, "route")
+
+
+def workload_kind(svc: "ServiceSpec") -> str:
+    """A service spanning several nodes is a LeaderWorkerSet of groups; any other, a Deployment."""
+    return "LeaderWorkerSet" if svc.number_of_nodes > 1 else "Deployment"
+
+
+@dataclass(frozen=True)
+class ChildKind:
+    kind: str
+    api_version: str
+    resource: str  # as a CompositeController's childResources names it
+    component: str | None  # the kustomize component that registers it; None: the base bundle
+
+
+CHILD_KINDS = (
+    ChildKind("Deployment", "apps/v1", "deployments", None),
+    ChildKind("StatefulSet", "apps/v1", "statefulsets", None),
+    ChildKind("Service", "v1", "services", None),
+    ChildKind("ServiceAccount", "v1", "serviceaccounts", None),
+    ChildKind("Role", "rbac.authorization.k8s.io/v1", "roles", None),
+    ChildKind("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings", None),
+    ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws"),
+    ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie"),
+    ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie"),
+)
+BY_KIND = {child.kind: child for child in CHILD_KINDS}
