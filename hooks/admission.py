@@ -12,6 +12,7 @@ rest of a patch on them is left to the API server.
 """
 
 import hashlib
+import itertools
 import json
 import re
 from collections import OrderedDict
@@ -42,12 +43,14 @@ ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef"
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 # Resource names the API server knows without a domain prefix.
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
-POD_TEMPLATES = {
+POD_TEMPLATES: dict[str, list[tuple[str, ...]]] = {
     "Deployment": [("spec", "template")],
     "StatefulSet": [("spec", "template")],
-    "LeaderWorkerSet": [("spec", "leaderWorkerTemplate", "leaderTemplate"), ("spec", "leaderWorkerTemplate", "workerTemplate")],
+    "LeaderWorkerSet": [
+        ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+        ("spec", "leaderWorkerTemplate", "workerTemplate"),
+    ],
 }
-
 
 
 def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
@@ -57,7 +60,9 @@ def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
         return
     for field in ("labels", "annotations"):
         mapping = metadata.get(field)
-        if mapping is not None and not (isinstance(mapping, dict) and all(isinstance(v, str) for v in mapping.values())):
+        if mapping is not None and not (
+            isinstance(mapping, dict) and all(isinstance(v, str) for v in mapping.values())
+        ):
             yield f"{where}.{field}", "must be an object of strings"
             return
     labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
@@ -65,13 +70,19 @@ def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
         if problem := qualified_key_problem(key):
             yield f"{where}.labels", problem
         if not label_value_valid(value):
-            yield f"{where}.labels.{key}", f"{shown(value)} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)"
+            yield (
+                f"{where}.labels.{key}",
+                f"{shown(value)} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)",
+            )
     for key in annotations:
         if problem := qualified_key_problem(key):
             yield f"{where}.annotations", problem
     size = annotations_bytes(annotations)
     if size > MAX_ANNOTATIONS_BYTES:
-        yield f"{where}.annotations", f"{size:,} bytes of annotations; the API server allows at most {MAX_ANNOTATIONS_BYTES:,}"
+        yield (
+            f"{where}.annotations",
+            f"{size:,} bytes of annotations; the API server allows at most {MAX_ANNOTATIONS_BYTES:,}",
+        )
 
 
 def _port_name_problem(name: str) -> str | None:
@@ -92,8 +103,15 @@ def _resources_problems(requirements: dict, where: str) -> Iterator[Problem]:
     requests, limits = requirements.get("requests") or {}, requirements.get("limits") or {}
     for bound, quantities in (("requests", requests), ("limits", limits)):
         for name, value in quantities.items():
-            if not (name in STANDARD_RESOURCES or name.startswith("hugepages-") or ("/" in name and QUALIFIED_NAME.fullmatch(name))):
-                yield f"{where}.{bound}", f"{shown(name)} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> or a domain-prefixed name such as amd.com/gpu)"
+            if not (
+                name in STANDARD_RESOURCES
+                or name.startswith("hugepages-")
+                or ("/" in name and QUALIFIED_NAME.fullmatch(name))
+            ):
+                yield (
+                    f"{where}.{bound}",
+                    f"{shown(name)} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> or a domain-prefixed name such as amd.com/gpu)",
+                )
             elif _quantity(value) is None:
                 yield f"{where}.{bound}.{name}", f"{shown(value)} is not a Kubernetes quantity"
     for name in sorted(set(requests) & set(limits)):
@@ -112,7 +130,10 @@ def _resources_problems(requirements: dict, where: str) -> Iterator[Problem]:
 def _container_problems(container: dict, where: str, volumes: set[str]) -> Iterator[Problem]:
     image = container.get("image")
     if not image or image != image.strip():
-        yield f"{where}.image", "an image is required, without leading or trailing whitespace: its pods could not be created"
+        yield (
+            f"{where}.image",
+            "an image is required, without leading or trailing whitespace: its pods could not be created",
+        )
     names: set[str] = set()
     for index, port in enumerate(container.get("ports") or []):
         at = f"{where}.ports[{index}]"
@@ -163,7 +184,10 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
         elif name in volumes:
             yield f"{at}.volumes[{index}].name", f"{shown(name)} names two volumes"
         if sum(1 for key, value in volume.items() if key != "name" and value is not None) != 1:
-            yield f"{at}.volumes[{index}]", "must set exactly one volume source (emptyDir, configMap, persistentVolumeClaim, ...)"
+            yield (
+                f"{at}.volumes[{index}]",
+                "must set exactly one volume source (emptyDir, configMap, persistentVolumeClaim, ...)",
+            )
         volumes.add(name)
     if not spec.get("containers"):
         yield f"{at}.containers", "at least one container is required"
@@ -200,7 +224,8 @@ def _zero(value: Any) -> bool:
 
 
 def _workload_problems(child: dict) -> Iterator[Problem]:
-    spec = child.get("spec") if isinstance(child.get("spec"), dict) else {}
+    spec = child.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
     selector = spec.get("selector") or {}
     if child["kind"] in ("Deployment", "StatefulSet"):
         labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
@@ -210,9 +235,13 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
             yield "spec.template.metadata.labels", "do not match spec.selector"
     rolling = field_at(spec, "strategy", "rollingUpdate")
     # Both default to 25% when absent.
-    if isinstance(rolling, dict) and _zero(rolling.get("maxSurge", "25%")) and _zero(rolling.get("maxUnavailable", "25%")):
+    if (
+        isinstance(rolling, dict)
+        and _zero(rolling.get("maxSurge", "25%"))
+        and _zero(rolling.get("maxUnavailable", "25%"))
+    ):
         yield "spec.strategy.rollingUpdate.maxUnavailable", "may not be 0 while maxSurge is 0"
-    for path in POD_TEMPLATES.get(child["kind"], []):
+    for path in POD_TEMPLATES.get(child["kind"], ()):
         template = field_at(child, *path)
         if isinstance(template, dict):
             yield from _pod_problems(template, ".".join(path))
@@ -272,12 +301,12 @@ def _check_child(child: dict) -> str | None:
             if template is not None:
                 problem = problem or kubernetes_schema.problem("PodTemplateSpec", template, path)
     if problem is None:
-        semantic = _metadata_problems(child.get("metadata"), "metadata")
-        if child["kind"] in POD_TEMPLATES:
-            semantic = (*semantic, *_workload_problems(child))
-        elif child["kind"] == "Service":
-            semantic = (*semantic, *_service_problems(child))
-        problem = next(iter(semantic), None)
+        semantic = itertools.chain(
+            _metadata_problems(child.get("metadata"), "metadata"),
+            _workload_problems(child) if child["kind"] in POD_TEMPLATES else (),
+            _service_problems(child) if child["kind"] == "Service" else (),
+        )
+        problem = next(semantic, None)
     return None if problem is None else f"{problem[0]}: {problem[1]}"
 
 
@@ -287,7 +316,7 @@ def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> 
     spec.patches, `patched` after (a patched child is a new object)."""
     templated = {service for service, svc in idep.spec.services.items() if svc.extra_pod_spec}
     patches = idep.spec.patches or []
-    for before, after in zip(rendered, patched):
+    for before, after in zip(rendered, patched, strict=True):
         service = (after["metadata"].get("labels") or {}).get(SERVICE_LABEL)
         if after is before and service not in templated:
             continue
@@ -297,8 +326,13 @@ def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> 
         name = f"{after['kind']} {after['metadata']['name']}"
         if after is not before and (service not in templated or refusal(before) is None):
             indices = [
-                f"patches[{index}]" for index, patch in enumerate(patches)
+                f"patches[{index}]"
+                for index, patch in enumerate(patches)
                 if (patch.target.kind, patch.target.name) == (after["kind"], after["metadata"]["name"])
             ]
-            raise SpecError(f"{', '.join(indices)} ({name}): the API server would refuse the patched {after['kind']}: {reason}")
-        raise SpecError(f"spec.services.{service}.extraPodSpec: the API server would refuse {name} made from it: {reason}")
+            raise SpecError(
+                f"{', '.join(indices)} ({name}): the API server would refuse the patched {after['kind']}: {reason}"
+            )
+        raise SpecError(
+            f"spec.services.{service}.extraPodSpec: the API server would refuse {name} made from it: {reason}"
+        )

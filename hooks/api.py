@@ -87,6 +87,7 @@ def is_extended_resource(name: str) -> bool:
     kubernetes.io, not a quota name. Their requests must equal their limits."""
     return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
 
+
 # Children are named <idep>-<service>. Services (and the label values derived from names) are
 # DNS-1035 labels of at most 63 characters; StatefulSet and LeaderWorkerSet pods also carry a
 # controller-revision-hash label `<name>-<hash>` that must fit in 63, so those names stay <= 52.
@@ -132,7 +133,9 @@ GAIE_NAME_RULE = (
     f"metadata.name must be at most {MAX_CHILD_NAME - len('-epp')} characters while gaie.enabled is true "
     f"(the Endpoint Picker Service <metadata.name>-epp must fit in {MAX_CHILD_NAME})"
 )
-GAIE_IMAGE_RULE = "gaie.enabled needs an image for the Endpoint Picker and frontend sidecar: set gaie.eppImage or spec.image"
+GAIE_IMAGE_RULE = (
+    "gaie.enabled needs an image for the Endpoint Picker and frontend sidecar: set gaie.eppImage or spec.image"
+)
 VLLM_ROLE_RULE = (
     "a vLLM prefill or decode worker takes its role from kv_role in --kv-transfer-config (vLLM has no "
     "--disaggregation-mode): pass --kv-transfer-config in its args or its extraPodSpec command"
@@ -168,7 +171,8 @@ ROOT_VALIDATIONS = [
 
 
 def with_validations(*rules: dict[str, str]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
+    validations: list[Any] = list(rules)
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
 
 
 # In extraPodSpec, the container the operator completes: the one with one of these names, else the first.
@@ -212,9 +216,7 @@ Quantity = Annotated[
 
 def open_object(description: str) -> Any:
     """An embedded Kubernetes type kept open in the CRD (it is validated when rendered)."""
-    return WithJsonSchema(
-        {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description}
-    )
+    return WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description})
 
 
 class ApiModel(BaseModel):
@@ -230,14 +232,28 @@ class ApiModel(BaseModel):
 # The pod fields an environment variable may read (the Downward API), besides metadata.labels['<key>']
 # and metadata.annotations['<key>'].
 ENV_FIELD_PATHS = (
-    "metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
-    "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs",
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
 )
 SUBSCRIPTED_FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']*)'\]")
 # The container resources an environment variable may read, and the divisors each accepts.
 CPU_DIVISORS = ("1m", "1")
 BYTE_DIVISORS = ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei")
-ENV_RESOURCES = ("limits.cpu", "limits.memory", "limits.ephemeral-storage", "requests.cpu", "requests.memory", "requests.ephemeral-storage")
+ENV_RESOURCES = (
+    "limits.cpu",
+    "limits.memory",
+    "limits.ephemeral-storage",
+    "requests.cpu",
+    "requests.memory",
+    "requests.ephemeral-storage",
+)
 ENV_SOURCE_RULE = "valueFrom must set exactly one of fieldRef, resourceFieldRef, configMapKeyRef and secretKeyRef"
 ENV_VALUE_RULE = "value and valueFrom cannot both be set"
 
@@ -257,7 +273,9 @@ class ObjectFieldSelector(ApiModel):
         subscripted = SUBSCRIPTED_FIELD_PATH.fullmatch(path)
         if path in ENV_FIELD_PATHS or (subscripted and qualified_key_problem(subscripted.group(2)) is None):
             return path
-        raise ValueError(f"{path!r} is not a pod field an environment variable can read ({', '.join(ENV_FIELD_PATHS)}, metadata.labels['<key>'], metadata.annotations['<key>'])")
+        raise ValueError(
+            f"{path!r} is not a pod field an environment variable can read ({', '.join(ENV_FIELD_PATHS)}, metadata.labels['<key>'], metadata.annotations['<key>'])"
+        )
 
 
 class ResourceFieldSelector(ApiModel):
@@ -272,8 +290,12 @@ class ResourceFieldSelector(ApiModel):
 
     @model_validator(mode="after")
     def _supported(self) -> "ResourceFieldSelector":
-        if not (self.resource in ENV_RESOURCES or self.resource.startswith(("limits.hugepages-", "requests.hugepages-"))):
-            raise ValueError(f"resource {self.resource!r} is not one an environment variable can read ({', '.join(ENV_RESOURCES)}, limits.hugepages-<size>, requests.hugepages-<size>)")
+        if not (
+            self.resource in ENV_RESOURCES or self.resource.startswith(("limits.hugepages-", "requests.hugepages-"))
+        ):
+            raise ValueError(
+                f"resource {self.resource!r} is not one an environment variable can read ({', '.join(ENV_RESOURCES)}, limits.hugepages-<size>, requests.hugepages-<size>)"
+            )
         divisors = CPU_DIVISORS if self.resource.endswith(".cpu") else BYTE_DIVISORS
         if self.divisor is not None and self.divisor not in divisors:
             raise ValueError(f"divisor {self.divisor!r} is not one of {', '.join(divisors)} for {self.resource}")
@@ -296,7 +318,11 @@ class EnvVarSource(ApiModel):
 
     model_config = with_validations(
         cel(
-            " + ".join(f"(has(self.{key}) ? 1 : 0)" for key in ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")) + " == 1",
+            " + ".join(
+                f"(has(self.{key}) ? 1 : 0)"
+                for key in ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
+            )
+            + " == 1",
             ENV_SOURCE_RULE,
         )
     )
@@ -368,7 +394,10 @@ class GaieSpec(ApiModel):
     sidecar in every worker pod."""
 
     model_config = with_validations(
-        cel("!has(self.enabled) || !self.enabled || (has(self.tokenizerPath) && has(self.gatewayName))", GAIE_REQUIRED_RULE)
+        cel(
+            "!has(self.enabled) || !self.enabled || (has(self.tokenizerPath) && has(self.gatewayName))",
+            GAIE_REQUIRED_RULE,
+        )
     )
 
     enabled: bool = False
@@ -381,7 +410,10 @@ class GaieSpec(ApiModel):
     """The existing Gateway the HTTPRoute attaches to. Required when enabled."""
     gateway_namespace: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL.pattern)] | None = None
     """Namespace of the Gateway; defaults to the InferaDeployment's namespace."""
-    hostnames: Annotated[list[Annotated[str, Field(min_length=1, max_length=253, pattern=HOSTNAME)]], Field(max_length=16)] | None = None
+    hostnames: (
+        Annotated[list[Annotated[str, Field(min_length=1, max_length=253, pattern=HOSTNAME)]], Field(max_length=16)]
+        | None
+    ) = None
     """Restrict the HTTPRoute to these hostnames."""
     frontend_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_FRONTEND_PORT
     """Port of the frontend sidecar in every worker pod, and the InferencePool's target port."""
@@ -403,7 +435,10 @@ class ResourcesSpec(ApiModel):
     def _extended_resource(cls, name: str) -> str:
         if is_extended_resource(name) and QUALIFIED_NAME.fullmatch(name):
             return name
-        raise ValueError(f"{shown(name)} is not an extended resource name: a domain outside kubernetes.io, '/' and a name, e.g. amd.com/gpu")
+        raise ValueError(
+            f"{shown(name)} is not an extended resource name: a domain outside kubernetes.io, '/' and a name, e.g. amd.com/gpu"
+        )
+
     cpu: Quantity | None = None
     """CPU request, e.g. 8 or 500m."""
     memory: Quantity | None = None
@@ -530,7 +565,10 @@ class InferaDeploymentSpec(ApiModel):
     """The desired inference graph."""
 
     model_config = with_validations(
-        cel("!has(self.discoveryBackend) || self.discoveryBackend != 'etcd' || has(self.etcdEndpoint)", ETCD_ENDPOINT_RULE),
+        cel(
+            "!has(self.discoveryBackend) || self.discoveryBackend != 'etcd' || has(self.etcdEndpoint)",
+            ETCD_ENDPOINT_RULE,
+        ),
         cel(
             "!has(self.gaie) || !has(self.gaie.enabled) || !self.gaie.enabled || has(self.gaie.eppImage) || has(self.image)",
             GAIE_IMAGE_RULE,
@@ -553,7 +591,9 @@ class InferaDeploymentSpec(ApiModel):
     """Engine of the workers: runs the module infera.engine.<backendFramework>."""
     image: ImageReference | None = None
     """Default container image of every service."""
-    discovery_backend: Annotated[Literal["kubernetes", "etcd"], Field(json_schema_extra={"maxLength": 10})] = "kubernetes"
+    discovery_backend: Annotated[Literal["kubernetes", "etcd"], Field(json_schema_extra={"maxLength": 10})] = (
+        "kubernetes"
+    )
     """How the server finds workers: kubernetes (watches this graph's pods) or etcd."""
     etcd_endpoint: Annotated[str, Field(min_length=1)] | None = None
     """External etcd for discovery, e.g. etcd:2379. Required when discoveryBackend is etcd."""
@@ -703,6 +743,7 @@ class ParentMeta(BaseModel):
         if not DNS_LABEL.fullmatch(name):
             raise ValueError(PARENT_NAME_RULE)
         return name
+
     namespace: str = "default"
     uid: str = ""
     generation: int = 0

@@ -154,7 +154,9 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache 
         response = json_response(answer)
         if cache is not None and etag is not None:
             response.headers["ETag"] = etag
-            identity = {k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")}
+            identity = {
+                k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")
+            }
             cache.put(etag, Answer(response.get_data(), outcome, {"metadata": identity}, summary))
         return response
     finally:
@@ -220,17 +222,27 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
         return response
 
     for name, (handler, cached) in HOOK_TABLE.items():
-        app.add_url_rule(f"/{name}", name, functools.partial(_hook, name, handler, cache if cached else None), methods=["POST"])
+        app.add_url_rule(
+            f"/{name}", name, functools.partial(_hook, name, handler, cache if cached else None), methods=["POST"]
+        )
 
     @app.get("/healthz")
     def healthz() -> Response:
         problem = observability.storage_problem()
-        return json_response({"status": "unhealthy", "reason": problem}, 503) if problem else json_response({"status": "ok"})
+        return (
+            json_response({"status": "unhealthy", "reason": problem}, 503)
+            if problem
+            else json_response({"status": "ok"})
+        )
 
     @app.get("/readyz")
     def readyz() -> Response:
         problem = observability.storage_problem() or _render_problem()
-        return json_response({"status": "not ready", "reason": problem}, 503) if problem else json_response({"status": "ready"})
+        return (
+            json_response({"status": "not ready", "reason": problem}, 503)
+            if problem
+            else json_response({"status": "ready"})
+        )
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -240,13 +252,16 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
     def http_error(error: HTTPException) -> Response:
         response = error_response(error.code or 500, error.description or error.name)
         if error.code == 405:
-            response.headers["Allow"] = ", ".join(sorted(error.valid_methods or []))
+            response.headers["Allow"] = ", ".join(sorted(getattr(error, "valid_methods", None) or []))
         return response
 
     @app.errorhandler(Exception)
     def unexpected(error: Exception) -> Response:
         log.exception("unhandled error on %s", request.path)
         # Say what failed, not where: an exception's text can hold file paths and internals.
-        return error_response(500, f"internal error while answering {request.path} ({type(error).__name__}); the hook's log has the details")
+        return error_response(
+            500,
+            f"internal error while answering {request.path} ({type(error).__name__}); the hook's log has the details",
+        )
 
     return app

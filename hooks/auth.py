@@ -68,4 +68,6 @@ class TokenFile:
         # compare_digest takes the same time whatever prefix matches.
         if hmac.compare_digest(presented, self._token):
             return True
-        return self._previous is not None and now < self._previous_until and hmac.compare_digest(presented, self._previous)
+        return (
+            self._previous is not None and now < self._previous_until and hmac.compare_digest(presented, self._previous)
+        )

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
         "render", help="print the children a YAML file's InferaDeployment(s) become (status summary on stderr)"
     )
     render_cmd.add_argument("file", help="an InferaDeployment YAML file, or - for standard input")
-    render_cmd.add_argument("-n", "--namespace", help="set this namespace on every child (default: the parent's, if set)")
+    render_cmd.add_argument(
+        "-n", "--namespace", help="set this namespace on every child (default: the parent's, if set)"
+    )
     commands.add_parser("crd", help="print the InferaDeployment CRD generated from the API model")
     args = parser.parse_args(argv)
 

@@ -128,7 +128,9 @@ def decode(raw: bytes) -> Any:
     there is none."""
     document = json.loads(raw)
     if SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(document, "")) is not None:
-        raise BadRequest(f"{where or 'the body'} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text")
+        raise BadRequest(
+            f"{where or 'the body'} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text"
+        )
     return document
 
 

@@ -8,6 +8,7 @@ optional fields as plain types (never nullable), no titles, and no `additionalPr
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from hooks.api import (
     GROUP,
@@ -24,8 +25,13 @@ CRD_PATH = "crds/infera.amd.com_inferadeployments.yaml"
 PRINTER_COLUMNS = [
     {"name": "Backend", "type": "string", "jsonPath": ".spec.backendFramework"},
     {"name": "State", "type": "string", "jsonPath": ".status.state"},
-    {"name": "Ready", "type": "string", "priority": 1, "jsonPath": ".status.readyServices",
-     "description": "Ready services out of all services"},
+    {
+        "name": "Ready",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.readyServices",
+        "description": "Ready services out of all services",
+    },
     {"name": "GAIE", "type": "boolean", "priority": 1, "jsonPath": ".status.gaie.ready"},
     {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -59,7 +65,7 @@ def _structural(node: Any, definitions: dict[str, Any]) -> Any:
     return {key: _structural(value, definitions) for key, value in node.items()}
 
 
-def structural_schema(model: type) -> dict[str, Any]:
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema(by_alias=True)
     return _structural(schema, schema.get("$defs", {}))
 

@@ -45,7 +45,9 @@ def _covers(stored: Any, wanted: Any) -> bool:
     return stored == wanted
 
 
-def keep_immutable_fields(desired: list[dict[str, Any]], observed: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def keep_immutable_fields(
+    desired: list[dict[str, Any]], observed: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Set immutable fields of `desired` to their observed values and leave out children that
     must be replaced; return the children to answer and one notice per field concerned."""
     existing = {child_key(child): child for child in observed}
@@ -55,7 +57,8 @@ def keep_immutable_fields(desired: list[dict[str, Any]], observed: list[dict[str
         label = f"{child['kind']} {child['metadata']['name']}"
         replaced = [
             (path, spec_field)
-            for path, spec_field in REPLACED_ON_CHANGE.get(child["kind"], []) if current
+            for path, spec_field in REPLACED_ON_CHANGE.get(child["kind"], [])
+            if current
             if _get(current, path) != _get(child, path)
         ]
         if replaced:

@@ -42,7 +42,9 @@ def _without_required(node: Any) -> Any:
 def _open(node: Any) -> Any:
     """A definition that admits unknown fields."""
     if isinstance(node, dict):
-        return {key: _open(value) for key, value in node.items() if not (key == "additionalProperties" and value is False)}
+        return {
+            key: _open(value) for key, value in node.items() if not (key == "additionalProperties" and value is False)
+        }
     if isinstance(node, list):
         return [_open(item) for item in node]
     return node
@@ -109,13 +111,14 @@ def problem(kind: str, obj: Any, prefix: tuple = ()) -> Problem | None:
         _validate()({kind: obj})
     except fastjsonschema.JsonSchemaValueException as error:
         # error.name is the failing path as `data.Kind.spec.containers[0]`; the message repeats it.
-        detail = error.message.removeprefix(error.name).strip()
+        name = error.name or ""
+        detail = error.message.removeprefix(name).strip()
         if error.rule == "additionalProperties" and isinstance(error.value, dict):
             # fastjsonschema prints them as a set, in an order that changes between processes.
             known = (error.definition or {}).get("properties") or {}
             unknown = sorted(key for key in error.value if key not in known)
             detail = f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
-        inside = error.name.removeprefix(f"data.{kind}").lstrip(".")
+        inside = name.removeprefix(f"data.{kind}").lstrip(".")
         return ".".join(filter(None, (path(prefix), inside))) or kind, detail
     return None
 

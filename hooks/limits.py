@@ -23,7 +23,6 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-
 class RenderedSize:
     """The size of each rendered child and of the whole answer, checked as they grow."""
 

@@ -36,7 +36,7 @@ def create() -> str:
     master is gone are removed first: a master killed outright never cleans up, and the pod's
     /tmp outlives its container."""
     for directory in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-*")):
-        owner = os.path.basename(directory)[len(PREFIX):].split("-", 1)[0]
+        owner = os.path.basename(directory)[len(PREFIX) :].split("-", 1)[0]
         # In a restarted container the master has the old one's PID (1) but not its directory.
         if owner.isdigit() and (int(owner) == os.getpid() or not _alive(int(owner))):
             shutil.rmtree(directory, ignore_errors=True)
@@ -115,7 +115,12 @@ class StateTable:
             # Write-ahead logging: a scrape reading never blocks a hook call writing, and a worker
             # killed mid-write leaves the table intact. The log is checkpointed at 256 pages and
             # truncated to 1 MiB; on a memory volume there is nothing to sync.
-            for pragma in ("journal_mode=WAL", "synchronous=OFF", "wal_autocheckpoint=256", "journal_size_limit=1048576"):
+            for pragma in (
+                "journal_mode=WAL",
+                "synchronous=OFF",
+                "wal_autocheckpoint=256",
+                "journal_size_limit=1048576",
+            ):
                 db.execute(f"PRAGMA {pragma}")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS states (namespace TEXT NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,"

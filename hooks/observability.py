@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any, get_args
 
+from prometheus_client import REGISTRY as PROCESS_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client import REGISTRY as PROCESS_REGISTRY
 
 from hooks import metrics_dir
 from hooks.api import State
@@ -72,13 +72,17 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
     durations.observe(seconds)
     metadata = (parent or {}).get("metadata") or {}
     state = summary.state if summary else None
-    if (state in STATES or (summary and summary.finalized)) and isinstance(metadata.get("name"), str):
+    if summary is not None and (state in STATES or summary.finalized) and isinstance(metadata.get("name"), str):
         namespace = str(metadata.get("namespace", ""))
         try:
             # A finalized InferaDeployment is gone: it has no state any more.
             if not STATE_TABLE.set(namespace, metadata["name"], None if summary.finalized else state):
-                log.warning("not recording the state of %s/%s: %s states recorded already",
-                            namespace, metadata["name"], f"{metrics_dir.MAX_STATES:,}")
+                log.warning(
+                    "not recording the state of %s/%s: %s states recorded already",
+                    namespace,
+                    metadata["name"],
+                    f"{metrics_dir.MAX_STATES:,}",
+                )
         except sqlite3.Error as error:  # the answer matters more than the metric; /healthz reports it
             log.warning("could not record the state of %s/%s: %s", namespace, metadata["name"], error)
     fields = {

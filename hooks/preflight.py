@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from hooks.api import InferaDeployment, ServiceSpec, SpecError, VLLM_ROLE_RULE, primary_index
+from hooks.api import VLLM_ROLE_RULE, InferaDeployment, ServiceSpec, SpecError, primary_index
 from hooks.runtime import EPP_MODULE, SERVER_MODULE, WORKER_MODULES, expand, flag_value, literal_values
 from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 
@@ -40,7 +40,9 @@ UNROUTABLE_HOSTS = ("", "0.0.0.0", "::", *UNREACHABLE_HOSTS)
 # (infera/engine/vllm/args.py), and the router splits prefill and decode only between workers
 # registered as such: kv_both makes a mixed worker.
 KV_ROLE_REGISTERS = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed"}
-KV_ROLES = {role: tuple(k for k, r in KV_ROLE_REGISTERS.items() if r == role) for role in ("mixed", "prefill", "decode")}
+KV_ROLES = {
+    role: tuple(k for k, r in KV_ROLE_REGISTERS.items() if r == role) for role in ("mixed", "prefill", "decode")
+}
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,10 @@ def entry_point(container: dict[str, Any]) -> EntryPoint | None:
     values = literal_values(env)
     words = [expand(word, values) for word in list(container.get("command") or []) + list(container.get("args") or [])]
     if len(words) >= 3 and words[0].rsplit("/", 1)[-1] in SHELLS and re.fullmatch(r"-[a-z]*c", words[1]):
-        words = _shell_words(words[2], words[4:], values)
-        if words is None:
+        shell_words = _shell_words(words[2], words[4:], values)
+        if shell_words is None:
             return None
+        words = shell_words
     for index in range(len(words) - 1):
         if words[index] == "-m" and words[index + 1] in MODULES:
             rest = words[index + 2 :]
@@ -121,6 +124,7 @@ def kv_plane(entry: EntryPoint) -> str | None:
 
 def listening_ports(entry: EntryPoint, leader: bool) -> list[int]:
     """The ports the process binds that its command line tells (defaults included)."""
+
     def port(flag: str, default: int) -> list[int]:
         value = entry.known(flag)
         value = value.rsplit(":", 1)[-1] if value else None
@@ -165,14 +169,17 @@ def check_graph(idep: InferaDeployment, children: list[dict]) -> None:
                 if entry.module in WORKER_MODULES.values() and leader:
                     workers.append((template.get("metadata") or {}).get("labels") or {})
                 elif entry.module in (SERVER_MODULE, EPP_MODULE) and idep.spec.discovery_backend == "kubernetes":
-                    selector = entry.known("--k8s-label-selector") or literal_values(entry.env).get("INFERA_K8S_LABEL_SELECTOR")
+                    selector = entry.known("--k8s-label-selector") or literal_values(entry.env).get(
+                        "INFERA_K8S_LABEL_SELECTOR"
+                    )
                     if selector:
                         selectors.append((f"{where} ({container['name']})", selector))
                 for port in listening_ports(entry, leader):
                     if port in bound:
                         raise SpecError(
                             f"{where}: containers {bound[port]} and {container['name']} would both listen on port "
-                            f"{port} in one pod" + (": choose another gaie.frontendPort" if idep.spec.gaie.enabled else "")
+                            f"{port} in one pod"
+                            + (": choose another gaie.frontendPort" if idep.spec.gaie.enabled else "")
                         )
                     bound[port] = container["name"]
     for where, selector in selectors:
@@ -226,7 +233,11 @@ def _check_required(where: str, entry: EntryPoint) -> None:
     required = {SERVER_MODULE: ("--router-tokenizer-path",), SGLANG: ("--model-path", "--model"), VLLM: ("--model",)}
     names = required.get(entry.module, ())
     if names and entry.lacks(*names):
-        what = "the tokenizer of the served model, e.g. Qwen/Qwen3-0.6B" if entry.module == SERVER_MODULE else "the model to serve"
+        what = (
+            "the tokenizer of the served model, e.g. Qwen/Qwen3-0.6B"
+            if entry.module == SERVER_MODULE
+            else "the model to serve"
+        )
         raise SpecError(f"{where}: {entry.module} requires {names[0]} ({what}): add it to args")
 
 
@@ -254,7 +265,9 @@ def _check_kv_role(where: str, role: str, entry: EntryPoint) -> None:
     if config is None:
         if role != "mixed" and entry.lacks("--kv-transfer-config"):
             example = f'{{"kv_connector":"MooncakeConnector","kv_role":"{allowed[0]}"}}'
-            raise SpecError(f"{where}: {VLLM_ROLE_RULE}, with kv_role {allowed[0]}, e.g. --kv-transfer-config '{example}'")
+            raise SpecError(
+                f"{where}: {VLLM_ROLE_RULE}, with kv_role {allowed[0]}, e.g. --kv-transfer-config '{example}'"
+            )
         return
     if "$" in config:
         return
@@ -269,21 +282,27 @@ def _check_kv_role(where: str, role: str, entry: EntryPoint) -> None:
         return
     raise SpecError(
         f"{where}: --kv-transfer-config has {f'kv_role {kv_role!r}' if kv_role else 'no kv_role'}, with which the "
-        f"worker registers as {KV_ROLE_REGISTERS.get(kv_role, 'mixed')}, not {role}: set kv_role to {' or '.join(allowed)}"
+        f"worker registers as {KV_ROLE_REGISTERS.get(str(kv_role), 'mixed')}, not {role}: set kv_role to {' or '.join(allowed)}"
     )
 
 
 def _check_worker(where: str, svc: ServiceSpec, entry: EntryPoint) -> None:
     """What only a worker gets wrong: a router's flags (the wrapper hands them to the engine's
     strict parser), SGLang's loopback default, a multi-node rank outside its group."""
-    router_flags = sorted({word.split("=")[0] for word in entry.argv if word.startswith(("--k8s-label-selector", "--router-"))})
+    router_flags = sorted(
+        {word.split("=")[0] for word in entry.argv if word.startswith(("--k8s-label-selector", "--router-"))}
+    )
     if router_flags:
-        raise SpecError(f"{where}: {', '.join(router_flags)} belong to the router; {entry.module} exits on them: remove them")
+        raise SpecError(
+            f"{where}: {', '.join(router_flags)} belong to the router; {entry.module} exits on them: remove them"
+        )
     if entry.module != SGLANG:
         return
     host = entry.known("--host") or (SGLANG_DEFAULT_HOST if entry.lacks("--host") else None)
     if host in UNREACHABLE_HOSTS:
-        raise SpecError(f"{where}: SGLang would bind {host}, where its probes, router and peers cannot reach it: pass --host 0.0.0.0")
+        raise SpecError(
+            f"{where}: SGLang would bind {host}, where its probes, router and peers cannot reach it: pass --host 0.0.0.0"
+        )
     rendezvous = ("--nnodes", "--node-rank", "--dist-init-addr")
     missing = [flag for flag in rendezvous if entry.lacks(flag)]
     if svc.number_of_nodes > 1 and missing:
@@ -299,8 +318,12 @@ def _check_discovery(where: str, idep: InferaDeployment, entry: EntryPoint) -> N
     if backend is None:
         return
     if backend != wanted:
-        flags = f"--discovery-backend {wanted}" + (f" --etcd-endpoint {idep.spec.etcd_endpoint}" if wanted == "etcd" else "")
-        raise SpecError(f"{where}: the command discovers through {backend}, but discoveryBackend is {wanted}: pass {flags}")
+        flags = f"--discovery-backend {wanted}" + (
+            f" --etcd-endpoint {idep.spec.etcd_endpoint}" if wanted == "etcd" else ""
+        )
+        raise SpecError(
+            f"{where}: the command discovers through {backend}, but discoveryBackend is {wanted}: pass {flags}"
+        )
     if wanted != "etcd":
         return
     if entry.lacks("--etcd-endpoint"):

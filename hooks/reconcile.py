@@ -14,7 +14,6 @@ from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
 from hooks.vocabulary import SERVICE_LABEL
 
-
 log = logging.getLogger(__name__)
 
 
@@ -80,7 +79,9 @@ def _service_of(child: dict[str, Any]) -> str | None:
     return (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
 
 
-def withhold_unregistered(request: HookRequest, children: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+def withhold_unregistered(
+    request: HookRequest, children: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Children of a kind the CompositeController does not register would fail the whole sync.
 
     Every child of an affected service (or plumbing part) is withheld instead and that part's

@@ -74,7 +74,6 @@ SELECTOR_ENV = "INFERA_K8S_LABEL_SELECTOR"
 NATS_ENV = "NATS_SERVER"
 
 
-
 def worker_module(idep: InferaDeployment) -> str:
     return WORKER_MODULES[idep.spec.backend_framework]
 
@@ -140,9 +139,14 @@ def server_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
 
 def worker_command(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
     return [
-        "python3", "-m", worker_module(idep), *_listen(svc.effective_port),
-        *discovery_flags(idep, Process.WORKER), *role_flags(idep, svc),
-        *transport_flags(idep, Process.WORKER), *rendezvous_flags(idep, svc),
+        "python3",
+        "-m",
+        worker_module(idep),
+        *_listen(svc.effective_port),
+        *discovery_flags(idep, Process.WORKER),
+        *role_flags(idep, svc),
+        *transport_flags(idep, Process.WORKER),
+        *rendezvous_flags(idep, svc),
     ]
 
 
@@ -151,9 +155,16 @@ def frontend_command(idep: InferaDeployment) -> list[str]:
     requests its Endpoint Picker assigned to this pod."""
     gaie = idep.spec.gaie
     return [
-        "python3", "-m", SERVER_MODULE, *_listen(gaie.frontend_port), "--router-mode", "direct",
-        "--router-tokenizer-path", gaie.tokenizer_path or "",
-        *discovery_flags(idep, Process.FRONTEND), *transport_flags(idep, Process.FRONTEND),
+        "python3",
+        "-m",
+        SERVER_MODULE,
+        *_listen(gaie.frontend_port),
+        "--router-mode",
+        "direct",
+        "--router-tokenizer-path",
+        gaie.tokenizer_path or "",
+        *discovery_flags(idep, Process.FRONTEND),
+        *transport_flags(idep, Process.FRONTEND),
     ]
 
 
@@ -162,10 +173,19 @@ def epp_command(idep: InferaDeployment) -> list[str]:
     the frontend sidecars' port, the pool's target port, not the engine's."""
     gaie = idep.spec.gaie
     return [
-        "python3", "-m", EPP_MODULE,
-        "--grpc-port", str(EPP_GRPC_PORT), "--grpc-health-port", str(EPP_HEALTH_PORT),
-        "--destination-port", str(gaie.frontend_port), "--router-tokenizer-path", gaie.tokenizer_path or "",
-        *discovery_flags(idep, Process.EPP), *transport_flags(idep, Process.EPP),
+        "python3",
+        "-m",
+        EPP_MODULE,
+        "--grpc-port",
+        str(EPP_GRPC_PORT),
+        "--grpc-health-port",
+        str(EPP_HEALTH_PORT),
+        "--destination-port",
+        str(gaie.frontend_port),
+        "--router-tokenizer-path",
+        gaie.tokenizer_path or "",
+        *discovery_flags(idep, Process.EPP),
+        *transport_flags(idep, Process.EPP),
     ]
 
 
@@ -226,7 +246,10 @@ def worker_probes(port: int, env: list[dict]) -> dict[str, dict]:
     load = max(MODEL_LOAD_SECONDS, ready_timeout_seconds(env))
     return {
         "startupProbe": _http_probe(
-            "/health", port, periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10,
+            "/health",
+            port,
+            periodSeconds=STARTUP_PERIOD_SECONDS,
+            timeoutSeconds=10,
             failureThreshold=math.ceil((load + STARTUP_SLACK_SECONDS) / STARTUP_PERIOD_SECONDS),
         ),
         "livenessProbe": _http_probe("/health", port, periodSeconds=20, timeoutSeconds=10, failureThreshold=9),
@@ -257,6 +280,7 @@ def prestop() -> dict:
 
 
 # --- Values the runtime reads from a command line and environment ---------------------------
+
 
 def flag_value(args: list[str], flag: str) -> str | None:
     """The value argparse would see for `flag` (the last occurrence wins)."""
@@ -305,7 +329,10 @@ def drain_seconds(argv: list[str], env: list[dict]) -> int:
     """The worker's drain timeout: --drain-timeout, else INFERA_DRAIN_TIMEOUT (the flag's default),
     else 30 s; rounded up and clamped to an hour."""
     flag = flag_value(argv, "--drain-timeout")
-    for source, raw in (("--drain-timeout", flag and expand(flag, literal_values(env))), (DRAIN_ENV, _literal_env(env, DRAIN_ENV))):
+    for source, raw in (
+        ("--drain-timeout", flag and expand(flag, literal_values(env))),
+        (DRAIN_ENV, _literal_env(env, DRAIN_ENV)),
+    ):
         if raw is not None:
             seconds = _seconds(source, raw)
             if seconds is not None:

@@ -94,7 +94,9 @@ class BufferedBody:
         path = environ.get("PATH_INFO", "")
         if reserved > self.room[pool]:
             self.refused(path, "busy")
-            return _plain_error(start_response, "503 Service Unavailable", "too many large request bodies at once: retry")
+            return _plain_error(
+                start_response, "503 Service Unavailable", "too many large request bodies at once: retry"
+            )
         self.room[pool] -= reserved
         try:
             body = self._read(environ["wsgi.input"], reserved)

@@ -5,7 +5,7 @@ So nothing here depends on dict order, and the clock is read only when a conditi
 changes status; otherwise its lastTransitionTime is carried over from the parent's status.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -93,9 +93,13 @@ def _accepted(obj: dict[str, Any] | None) -> bool:
     parents = ((obj or {}).get("status") or {}).get("parents") or []
     generation = _as_int(((obj or {}).get("metadata") or {}).get("generation"))
     return any(
-        c.get("type") == "Accepted" and c.get("status") == "True" and _as_int(c.get("observedGeneration", generation)) >= generation
-        for parent in parents if isinstance(parent, dict)
-        for c in parent.get("conditions") or [] if isinstance(c, dict)
+        c.get("type") == "Accepted"
+        and c.get("status") == "True"
+        and _as_int(c.get("observedGeneration", generation)) >= generation
+        for parent in parents
+        if isinstance(parent, dict)
+        for c in parent.get("conditions") or []
+        if isinstance(c, dict)
     )
 
 
@@ -140,8 +144,8 @@ def roll_up(
     observed: list[dict],
     previous: dict[str, Any],
     now: Clock,
-    notices: list[str] = (),
-    unregistered: list[str] = (),
+    notices: Sequence[str] = (),
+    unregistered: Sequence[str] = (),
 ) -> dict[str, Any]:
     """`notices` are changes that could not be applied; `unregistered` names children withheld
     because the CompositeController does not register their kind (the graph is then failed)."""
@@ -157,7 +161,9 @@ def roll_up(
     if not observed:
         state, reason, message = "initializing", "Initializing", f"creating {total} services"
     elif waiting or gateway_waiting:
-        details = [f"{service} {ready}/{idep.spec.services[service].replicas} ready" for service, ready in waiting.items()]
+        details = [
+            f"{service} {ready}/{idep.spec.services[service].replicas} ready" for service, ready in waiting.items()
+        ]
         if waiting:
             details.append(f"waiting on {len(waiting)} of {total} services")
         if gateway_waiting:
@@ -215,8 +221,13 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
         "message": message,
         "conditions": [
             _condition(
-                "Ready", "Unknown", "SpecInvalid", "readiness is not evaluated while the spec is invalid; "
-                "running children are kept as they are", generation, previous, now,
+                "Ready",
+                "Unknown",
+                "SpecInvalid",
+                "readiness is not evaluated while the spec is invalid; running children are kept as they are",
+                generation,
+                previous,
+                now,
             ),
             *[c for c in _conditions(previous) if isinstance(c, dict) and c.get("type") == "ChildKindsRegistered"],
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),

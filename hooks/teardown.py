@@ -45,7 +45,9 @@ def _labels(obj: Any) -> dict[str, str]:
 
 def _component(workload: dict[str, Any]) -> str | None:
     """server or worker, from the pod template the hook rendered."""
-    template = field_at(workload, "spec", "template") or field_at(workload, "spec", "leaderWorkerTemplate", "leaderTemplate")
+    template = field_at(workload, "spec", "template") or field_at(
+        workload, "spec", "leaderWorkerTemplate", "leaderTemplate"
+    )
     return _labels(template).get(COMPONENT_LABEL)
 
 
@@ -91,7 +93,9 @@ def longest_worker_grace(parent: dict[str, Any]) -> timedelta:
     """The longest termination grace period a worker pod of this graph gets."""
     try:
         idep = InferaDeployment.from_parent(parent)
-        templates = [workload_template(idep, service, svc) for service, svc in idep.spec.services.items() if svc.is_worker]
+        templates = [
+            workload_template(idep, service, svc) for service, svc in idep.spec.services.items() if svc.is_worker
+        ]
         seconds = max((t["spec"].get("terminationGracePeriodSeconds", 0) for t in templates), default=0)
     except SpecError:  # an invalid spec must not stop the teardown
         seconds = FALLBACK_GRACE_SECONDS
@@ -103,11 +107,18 @@ def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
     for child in request.children:
         by_stage[stage(child)].append(child)
     if not request.children:
-        return {"status": {"state": "terminating", "message": "all children deleted"}, "children": [], "finalized": True}
+        return {
+            "status": {"state": "terminating", "message": "all children deleted"},
+            "children": [],
+            "finalized": True,
+        }
 
     moment = now()
     if by_stage["ingress"]:
-        kept, message = by_stage["workers"] + by_stage["plane"], f"stopping traffic: removing {len(by_stage['ingress'])} ingress objects"
+        kept, message = (
+            by_stage["workers"] + by_stage["plane"],
+            f"stopping traffic: removing {len(by_stage['ingress'])} ingress objects",
+        )
     elif by_stage["workers"]:
         kept, message = by_stage["plane"], f"draining {len(by_stage['workers'])} worker pools"
     elif (pods := draining_worker_pods(request, moment)) is None and _blind_drain_pending(request, moment):

@@ -34,7 +34,10 @@ def _probe(probe: dict[str, Any] | None) -> None:
 
 def _container(container: dict[str, Any]) -> None:
     image = container.get("image", "")
-    container.setdefault("imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1] else "IfNotPresent")
+    container.setdefault(
+        "imagePullPolicy",
+        "Always" if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1] else "IfNotPresent",
+    )
     container.setdefault("terminationMessagePath", "/dev/termination-log")
     container.setdefault("terminationMessagePolicy", "File")
     resources = container.setdefault("resources", {})
@@ -120,7 +123,9 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
     then fail on every sync)."""
     for path in IMMUTABLE.get(old["kind"], []):
         before, after = _at(old, path), _at(store(new), path)
-        assert before == after, f"{old['kind']} {old['metadata']['name']}: {'.'.join(path)} is immutable ({before!r} -> {after!r})"
+        assert before == after, (
+            f"{old['kind']} {old['metadata']['name']}: {'.'.join(path)} is immutable ({before!r} -> {after!r})"
+        )
 
 
 def store(obj: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +140,9 @@ def store(obj: dict[str, Any]) -> dict[str, Any]:
     elif kind == "Deployment":
         spec.setdefault("revisionHistoryLimit", 10)
         spec.setdefault("progressDeadlineSeconds", 600)
-        spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+        spec.setdefault(
+            "strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+        )
         _pod_spec(spec["template"]["spec"])
     elif kind == "StatefulSet":
         spec.setdefault("podManagementPolicy", "OrderedReady")

@@ -67,7 +67,9 @@ def converged_request(spec_services: dict[str, Any] | None = None, resource_vers
     observed = []
     for child in children:
         stored = json.loads(json.dumps(child))
-        stored["metadata"].update(namespace="ml", uid="u", resourceVersion="1", annotations={LAST_APPLIED_ANNOTATION: json.dumps(child)})
+        stored["metadata"].update(
+            namespace="ml", uid="u", resourceVersion="1", annotations={LAST_APPLIED_ANNOTATION: json.dumps(child)}
+        )
         stored["status"] = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "observedGeneration": 1}
         observed.append(stored)
     obj["status"] = reconcile.sync(parse_request(request_body(obj, observed)))["status"]
@@ -82,7 +84,9 @@ def free_port() -> int:
 
 
 def start(command: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=REPO)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=REPO
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -151,23 +155,44 @@ def main() -> None:
     args = parser.parse_args()
 
     body = converged_request()
-    answer_bytes = len(json.dumps(reconcile.sync(parse_request(json.loads(body))), sort_keys=True, separators=(",", ":")))
+    answer_bytes = len(
+        json.dumps(reconcile.sync(parse_request(json.loads(body))), sort_keys=True, separators=(",", ":"))
+    )
     rounds = args.rounds
     distinct = [converged_request(resource_version=version) for version in range(2, 2 + args.requests * (rounds + 1))]
     workers = [f"w{i}" for i in range(200)]
     big_services = {
         "server": {"componentType": "server", "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]},
-        **{w: {"componentType": "worker", "resources": {"gpu": 1}, "args": ["--model-path", "Qwen/Qwen3-0.6B"]} for w in workers},
+        **{
+            w: {"componentType": "worker", "resources": {"gpu": 1}, "args": ["--model-path", "Qwen/Qwen3-0.6B"]}
+            for w in workers
+        },
     }
     big = [converged_request(big_services, resource_version=version) for version in range(20)]
     # Timing a refusal would measure nothing: the graph must render.
     assert reconcile.sync(parse_request(json.loads(big[0])))["status"]["state"] != "failed"
 
     hooks_port, floor_port = free_port(), free_port()
-    hooks = start([str(BIN / "infera-hooks"), "serve", "--bind", f"127.0.0.1:{hooks_port}", "--workers", str(WORKERS)], hooks_port)
+    hooks = start(
+        [str(BIN / "infera-hooks"), "serve", "--bind", f"127.0.0.1:{hooks_port}", "--workers", str(WORKERS)], hooks_port
+    )
     floor = start(
-        [str(BIN / "gunicorn"), "--bind", f"127.0.0.1:{floor_port}", "--workers", str(WORKERS), "--worker-class", "gevent",
-         "--keep-alive", "5", "--timeout", "30", "--graceful-timeout", "20", "tests.benchmark:floor_app()"],
+        [
+            str(BIN / "gunicorn"),
+            "--bind",
+            f"127.0.0.1:{floor_port}",
+            "--workers",
+            str(WORKERS),
+            "--worker-class",
+            "gevent",
+            "--keep-alive",
+            "5",
+            "--timeout",
+            "30",
+            "--graceful-timeout",
+            "20",
+            "tests.benchmark:floor_app()",
+        ],
         floor_port,
         {"BENCH_RESPONSE_BYTES": str(answer_bytes)},
     )
@@ -177,7 +202,7 @@ def main() -> None:
             load(port, distinct[-40:], 40, 2)
         for round_index in range(rounds):
             # A fresh slice of distinct bodies per round, so no answer is ever a repeat.
-            fresh = distinct[round_index * args.requests:(round_index + 1) * args.requests]
+            fresh = distinct[round_index * args.requests : (round_index + 1) * args.requests]
             for mode, bodies in (("steady", [body]), ("changing", fresh)):
                 for port in (hooks_port, floor_port):
                     result = load(port, bodies, args.requests, args.concurrency)
@@ -197,26 +222,58 @@ def main() -> None:
     for mode in ("steady", "changing"):
         (hooks_rps, hooks_lat), (floor_rps, floor_lat) = best[(mode, hooks_port)], best[(mode, floor_port)]
         rows += [
-            (f"{mode}: sync throughput (req/s)", f"{hooks_rps:.0f}", f"{floor_rps:.0f}", f"{hooks_rps / floor_rps:.2f}x",
-             ">= 0.90x", hooks_rps / floor_rps >= 0.9),
-            (f"{mode}: p50 latency (ms)", f"{percentile(hooks_lat, 0.5) * ms:.2f}", f"{percentile(floor_lat, 0.5) * ms:.2f}",
-             f"{percentile(hooks_lat, 0.5) / percentile(floor_lat, 0.5):.2f}x", "", None),
-            (f"{mode}: p99 latency (ms)", f"{percentile(hooks_lat, 0.99) * ms:.2f}", f"{percentile(floor_lat, 0.99) * ms:.2f}",
-             f"{percentile(hooks_lat, 0.99) / percentile(floor_lat, 0.99):.2f}x", "", None),
+            (
+                f"{mode}: sync throughput (req/s)",
+                f"{hooks_rps:.0f}",
+                f"{floor_rps:.0f}",
+                f"{hooks_rps / floor_rps:.2f}x",
+                ">= 0.90x",
+                hooks_rps / floor_rps >= 0.9,
+            ),
+            (
+                f"{mode}: p50 latency (ms)",
+                f"{percentile(hooks_lat, 0.5) * ms:.2f}",
+                f"{percentile(floor_lat, 0.5) * ms:.2f}",
+                f"{percentile(hooks_lat, 0.5) / percentile(floor_lat, 0.5):.2f}x",
+                "",
+                None,
+            ),
+            (
+                f"{mode}: p99 latency (ms)",
+                f"{percentile(hooks_lat, 0.99) * ms:.2f}",
+                f"{percentile(floor_lat, 0.99) * ms:.2f}",
+                f"{percentile(hooks_lat, 0.99) / percentile(floor_lat, 0.99):.2f}x",
+                "",
+                None,
+            ),
         ]
     rows += [
-        ("200-service sync p50 (ms)", f"{statistics.median(big_latencies) * ms:.1f}", "", "", "< 250 ms",
-         statistics.median(big_latencies) * ms < 250),
-        ("RSS per worker (MB)", " / ".join(f"{size:.0f}" for size in rss), " / ".join(f"{size:.0f}" for size in floor_rss),
-         f"{max(rss) / max(floor_rss):.2f}x", "< 100 MB", max(rss) < 100),
+        (
+            "200-service sync p50 (ms)",
+            f"{statistics.median(big_latencies) * ms:.1f}",
+            "",
+            "",
+            "< 250 ms",
+            statistics.median(big_latencies) * ms < 250,
+        ),
+        (
+            "RSS per worker (MB)",
+            " / ".join(f"{size:.0f}" for size in rss),
+            " / ".join(f"{size:.0f}" for size in floor_rss),
+            f"{max(rss) / max(floor_rss):.2f}x",
+            "< 100 MB",
+            max(rss) < 100,
+        ),
     ]
-    print(f"PD graph sync: request {len(body)} bytes, answer {answer_bytes} bytes; {args.requests} requests x "
-          f"{rounds} rounds per load, {args.concurrency} clients, {WORKERS} gunicorn workers each, {os.cpu_count()} CPUs")
+    print(
+        f"PD graph sync: request {len(body)} bytes, answer {answer_bytes} bytes; {args.requests} requests x "
+        f"{rounds} rounds per load, {args.concurrency} clients, {WORKERS} gunicorn workers each, {os.cpu_count()} CPUs"
+    )
     header = ("metric", "infera-hooks", "floor", "ratio", "target", "")
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(5)]
     for row in [header, *rows]:
         verdict = {True: "ok", False: "MISSED", None: ""}.get(row[5], row[5])
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row[:5], widths)) + f"  {verdict}")
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row[:5], widths, strict=True)) + f"  {verdict}")
 
 
 if __name__ == "__main__":

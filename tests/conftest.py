@@ -283,7 +283,9 @@ class HookClient:
         assert reply.status == 200, reply.body
         return reply.json
 
-    def sync(self, parent_obj: dict[str, Any], observed: list[dict[str, Any]] = (), version: str = "v2") -> dict[str, Any]:
+    def sync(
+        self, parent_obj: dict[str, Any], observed: list[dict[str, Any]] = (), version: str = "v2"
+    ) -> dict[str, Any]:
         """A sync as the controller that this parent needs (base bundle plus components) sends it."""
         return self.hook("/sync", request_body(parent_obj, observed, version, composite=controller_for(parent_obj)))
 

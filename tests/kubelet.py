@@ -87,15 +87,22 @@ def service_env(name: str, ip: str, ports: list[dict[str, Any]]) -> dict[str, st
     starts (enableServiceLinks, the default), e.g. E2E_SERVER_SERVICE_HOST."""
     prefix = name.upper().replace("-", "_")
     first = ports[0]
-    env = {f"{prefix}_SERVICE_HOST": ip, f"{prefix}_SERVICE_PORT": str(first["port"]),
-           f"{prefix}_PORT": f"{first.get('protocol', 'TCP').lower()}://{ip}:{first['port']}"}
+    env = {
+        f"{prefix}_SERVICE_HOST": ip,
+        f"{prefix}_SERVICE_PORT": str(first["port"]),
+        f"{prefix}_PORT": f"{first.get('protocol', 'TCP').lower()}://{ip}:{first['port']}",
+    }
     for port in ports:
         protocol, number = port.get("protocol", "TCP"), port["port"]
         if port.get("name"):
             env[f"{prefix}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(number)
         stem = f"{prefix}_PORT_{number}_{protocol}"
-        env |= {stem: f"{protocol.lower()}://{ip}:{number}", f"{stem}_PROTO": protocol.lower(),
-                f"{stem}_PORT": str(number), f"{stem}_ADDR": ip}
+        env |= {
+            stem: f"{protocol.lower()}://{ip}:{number}",
+            f"{stem}_PROTO": protocol.lower(),
+            f"{stem}_PORT": str(number),
+            f"{stem}_ADDR": ip,
+        }
     return env
 
 
@@ -122,8 +129,14 @@ def python_argvs(argv: list[str], env: dict[str, str]) -> list[list[str]]:
         log.touch()
         shell_env = {**env, "PATH": scratch, "ARGV_LOG": str(log)}
         shell = Path("/bin") / argv[0].rsplit("/", 1)[-1]
-        subprocess.run([str(shell if shell.exists() else "/bin/sh"), *argv[1:]], env=shell_env, cwd=scratch,
-                       capture_output=True, timeout=10, check=False)
+        subprocess.run(
+            [str(shell if shell.exists() else "/bin/sh"), *argv[1:]],
+            env=shell_env,
+            cwd=scratch,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
         return [["python3", *json.loads(line)] for line in log.read_text().splitlines()]
 
 
@@ -164,5 +177,10 @@ def pods(children: list[dict[str, Any]], namespace: str) -> list[Pod]:
             leader = group.get("leaderTemplate") or group["workerTemplate"]
             add(f"{kind}/{name}", leader, f"{name}-0", lws_facts(name, namespace, size, 0, 0))
             for index in range(1, size):
-                add(f"{kind}/{name}", group["workerTemplate"], f"{name}-0-{index}", lws_facts(name, namespace, size, 0, index))
+                add(
+                    f"{kind}/{name}",
+                    group["workerTemplate"],
+                    f"{name}-0-{index}",
+                    lws_facts(name, namespace, size, 0, index),
+                )
     return found

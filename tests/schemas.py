@@ -7,9 +7,9 @@ vanishing on the cluster.
 """
 
 import json
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -50,7 +50,9 @@ def strict_json_schema(node: Any, name: str = "") -> Any:
 
 def crd_schema(crd: dict[str, Any], version: str | None = None) -> dict[str, Any]:
     versions = crd["spec"]["versions"]
-    served = next(v for v in versions if v["name"] == version) if version else next(v for v in versions if v.get("storage"))
+    served = (
+        next(v for v in versions if v["name"] == version) if version else next(v for v in versions if v.get("storage"))
+    )
     return strict_json_schema(served["schema"]["openAPIV3Schema"])
 
 

@@ -11,8 +11,9 @@ can count them.
 import copy
 import itertools
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 from tests import apiserver
 from tests.conftest import RESOURCE_KINDS, HookClient, controller_for, parent, request_body
@@ -42,7 +43,15 @@ def gateway_status(accepted: bool) -> dict[str, Any]:
         "lastTransitionTime": "2026-11-30T00:00:00Z",
         "observedGeneration": 1,
     }
-    return {"parents": [{"parentRef": {"name": "inference-gateway"}, "controllerName": "example.com/gateway", "conditions": [condition]}]}
+    return {
+        "parents": [
+            {
+                "parentRef": {"name": "inference-gateway"},
+                "controllerName": "example.com/gateway",
+                "conditions": [condition],
+            }
+        ]
+    }
 
 
 class Metacontroller:
@@ -76,7 +85,9 @@ class Metacontroller:
         """With a generated selector, Metacontroller claims only children labelled with the
         parent's uid (and owned by it, or by nobody); it never shows the others to the hook."""
         return (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid and all(
-            ref.get("uid") == self.uid for ref in child["metadata"].get("ownerReferences") or [] if ref.get("controller")
+            ref.get("uid") == self.uid
+            for ref in child["metadata"].get("ownerReferences") or []
+            if ref.get("controller")
         )
 
     def _claim(self) -> None:
@@ -141,7 +152,8 @@ class Metacontroller:
         """Pods whose workload is gone finish their preStop and drain, and exit."""
         alive = {(kind, name) for kind, name in self.children}
         self.pods = {
-            name: pod for name, pod in self.pods.items()
+            name: pod
+            for name, pod in self.pods.items()
             if (pod["metadata"]["ownerReferences"][0]["kind"], pod["metadata"]["ownerReferences"][0]["name"]) in alive
         }
 
@@ -211,7 +223,7 @@ class Metacontroller:
 
     def gateway_accepts(self, accepted: bool = True) -> None:
         """The Gateway reports every InferencePool and HTTPRoute Accepted (or not)."""
-        for (kind, name) in self.children:
+        for kind, name in self.children:
             if kind in ("InferencePool", "HTTPRoute"):
                 self.set_status(kind, name, gateway_status(accepted))
 
@@ -259,7 +271,10 @@ class Metacontroller:
             # Its pods terminate: their deletionTimestamp is when their grace period ends.
             grace = _templates_grace(deleted)
             for pod in self.pods.values():
-                if (pod["metadata"]["ownerReferences"][0]["kind"], pod["metadata"]["ownerReferences"][0]["name"]) == key:
+                if (
+                    pod["metadata"]["ownerReferences"][0]["kind"],
+                    pod["metadata"]["ownerReferences"][0]["name"],
+                ) == key:
                     pod["metadata"]["deletionTimestamp"] = _now(grace)
 
     def _created(self, stamped: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import yaml
 from hooks.server import GRACEFUL_TIMEOUT_SECONDS
 from tests.conftest import REPO, RESOURCE_KINDS, need_kubectl, need_schemas, validate_object
 
-
 CORE = [
     ("apps/v1", "deployments"),
     ("v1", "services"),
@@ -109,8 +108,6 @@ def readme_overlay() -> str:
     return re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1)
 
 
-
-
 @pytest.mark.parametrize(
     ("components", "registered"),
     [(["lws"], CORE + LWS), (["gaie"], CORE + GAIE), (["lws", "gaie"], CORE + LWS + GAIE)],
@@ -143,8 +140,10 @@ def test_network_policy_and_disruption_budget(bundle) -> None:
     deployment = bundle[("Deployment", "infera-hooks")]
     assert policy["podSelector"] == deployment["spec"]["selector"]
     assert policy["ingress"] == [
-        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "metacontroller"}}}],
-         "ports": [{"port": 8080, "protocol": "TCP"}]}
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "metacontroller"}}}],
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+        }
     ]
     budget = bundle[("PodDisruptionBudget", "infera-hooks")]["spec"]
     assert budget == {"minAvailable": 1, "selector": deployment["spec"]["selector"]}
@@ -152,7 +151,9 @@ def test_network_policy_and_disruption_budget(bundle) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     for hook in ("sync", "finalize", "customize"):
-        assert bundle[("CompositeController", "inferadeployment-controller")]["spec"]["hooks"][hook]["webhook"]["etag"] == {"enabled": True}
+        assert bundle[("CompositeController", "inferadeployment-controller")]["spec"]["hooks"][hook]["webhook"][
+            "etag"
+        ] == {"enabled": True}
 
 
 def test_auth_and_tls_components(tmp_path: Path) -> None:
@@ -167,15 +168,28 @@ def test_auth_and_tls_components(tmp_path: Path) -> None:
     by_kind = {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}
     container = by_kind[("Deployment", "infera-hooks")]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == [
-        "serve", "--bind", "0.0.0.0:8080", "--workers", "2",
-        "--auth-token-file", "/var/run/secrets/infera-hooks/auth/token",
-        "--certfile=/var/run/secrets/infera-hooks/tls/tls.crt", "--keyfile=/var/run/secrets/infera-hooks/tls/tls.key",
+        "serve",
+        "--bind",
+        "0.0.0.0:8080",
+        "--workers",
+        "2",
+        "--auth-token-file",
+        "/var/run/secrets/infera-hooks/auth/token",
+        "--certfile=/var/run/secrets/infera-hooks/tls/tls.crt",
+        "--keyfile=/var/run/secrets/infera-hooks/tls/tls.key",
     ]
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    assert by_kind[("Service", "infera-hooks")]["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "http", "protocol": "TCP"}]
+    assert by_kind[("Service", "infera-hooks")]["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "http", "protocol": "TCP"}
+    ]
     hooks = by_kind[("CompositeController", "inferadeployment-controller")]["spec"]["hooks"]
     for hook in ("sync", "finalize", "customize"):
         webhook = hooks[hook]["webhook"]
         assert webhook["url"] == f"https://infera-hooks.infera-system.svc/{hook}"
-        assert webhook["authorization"] == {"type": "Bearer", "secretRef": {"name": "infera-hooks-auth", "namespace": "infera-system", "key": "token"}}
-        assert webhook["caBundle"] == {"secretRef": {"name": "infera-hooks-tls", "namespace": "infera-system", "key": "ca.crt"}}
+        assert webhook["authorization"] == {
+            "type": "Bearer",
+            "secretRef": {"name": "infera-hooks-auth", "namespace": "infera-system", "key": "token"},
+        }
+        assert webhook["caBundle"] == {
+            "secretRef": {"name": "infera-hooks-tls", "namespace": "infera-system", "key": "ca.crt"}
+        }

@@ -1,7 +1,7 @@
 """The CRD's CEL rules, evaluated with cel-python, agree with the hook's own validation."""
 
-import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import celpy
 import pytest
@@ -132,8 +132,18 @@ CASES = [
     ),
     (
         "valueFrom with two sources",
-        service_change("decode", env=[{"name": "A", "valueFrom": {
-            "fieldRef": {"fieldPath": "metadata.name"}, "secretKeyRef": {"name": "s", "key": "k"}}}]),
+        service_change(
+            "decode",
+            env=[
+                {
+                    "name": "A",
+                    "valueFrom": {
+                        "fieldRef": {"fieldPath": "metadata.name"},
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                    },
+                }
+            ],
+        ),
         api.ENV_SOURCE_RULE,
     ),
     ("valueFrom with no source", spec_change(envs=[{"name": "A", "valueFrom": {}}]), api.ENV_SOURCE_RULE),

@@ -33,11 +33,15 @@ def applied(child: dict) -> dict:
         (b'{"parent": "qwen"}', "'parent' is missing or not an object"),
         (b'{"parent": {"spec": {}}}', "'parent.metadata.name' is missing"),
         (b'{"parent": {"metadata": {"name": "a"}}, "children": []}', "'children' must be an object"),
-        (b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": 1}}}',
-         "'children.Deployment.apps/v1.x' must be a Kubernetes object"),
-        (b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": {"metadata": {"name": "x"}}}}}',
-         "'children.Deployment.apps/v1.x' must be a Kubernetes object: a kind, a name, labels and annotations of strings, "
-         "spec and status objects"),
+        (
+            b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": 1}}}',
+            "'children.Deployment.apps/v1.x' must be a Kubernetes object",
+        ),
+        (
+            b'{"parent": {"metadata": {"name": "a"}}, "children": {"Deployment.apps/v1": {"x": {"metadata": {"name": "x"}}}}}',
+            "'children.Deployment.apps/v1.x' must be a Kubernetes object: a kind, a name, labels and annotations of strings, "
+            "spec and status objects",
+        ),
         (b'{"parent": {"metadata": {"name": "a"}}, "finalizing": "yes"}', "'finalizing' must be a boolean"),
     ],
 )
@@ -104,12 +108,22 @@ def test_answer_has_only_status_and_children(hooks) -> None:
         ({"backendFramework": "tensorrt"}, "spec.backendFramework: Input should be 'sglang' or 'vllm'"),
         ({"discoveryBackend": "etcd"}, "spec: etcdEndpoint is required when discoveryBackend is etcd"),
         ({"services": {"server": {"componentType": "server", "image": "x"}}}, "at least one worker"),
-        ({"services": {"Decode": {"componentType": "worker", "image": "x"}}}, "spec.services: service name 'Decode' must be a DNS label"),
-        ({"services": {"decode": {"componentType": "worker", "replicas": -1, "image": "x"}}},
-         "spec.services.decode.replicas: Input should be greater than or equal to 0"),
-        ({"services": {"decode": {"componentType": "worker", "image": "x", "resources": {"memory": "lots"}}}},
-         "spec.services.decode.resources.memory: 'lots' is not a Kubernetes quantity"),
-        ({"image": None}, "spec: every service needs an image: set spec.image or services.<name>.image (services.server has none)"),
+        (
+            {"services": {"Decode": {"componentType": "worker", "image": "x"}}},
+            "spec.services: service name 'Decode' must be a DNS label",
+        ),
+        (
+            {"services": {"decode": {"componentType": "worker", "replicas": -1, "image": "x"}}},
+            "spec.services.decode.replicas: Input should be greater than or equal to 0",
+        ),
+        (
+            {"services": {"decode": {"componentType": "worker", "image": "x", "resources": {"memory": "lots"}}}},
+            "spec.services.decode.resources.memory: 'lots' is not a Kubernetes quantity",
+        ),
+        (
+            {"image": None},
+            "spec: every service needs an image: set spec.image or services.<name>.image (services.server has none)",
+        ),
         ({"unknownField": 1}, "spec.unknownField: Extra inputs are not permitted"),
     ],
 )
@@ -126,7 +140,9 @@ def test_bad_spec_fails_in_status_and_keeps_every_child(hooks, change: dict, mes
     assert (spec_valid["status"], spec_valid["reason"]) == ("False", "InvalidSpec")
     assert message in spec_valid["message"]
     # Exactly what was last applied comes back: Metacontroller changes and deletes nothing.
-    kept = [json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed]
+    kept = [
+        json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed
+    ]
     key = lambda child: (child["kind"], child["metadata"]["name"])  # noqa: E731
     assert sorted(answer["children"], key=key) == sorted(kept, key=key)
 
@@ -137,14 +153,23 @@ def test_child_without_last_applied_is_kept_without_server_fields(hooks) -> None
     adopted = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": {"name": "qwen-pd-disc", "namespace": "ml", "uid": "u", "resourceVersion": "9",
-                     "labels": {"a": "b"}},
+        "metadata": {
+            "name": "qwen-pd-disc",
+            "namespace": "ml",
+            "uid": "u",
+            "resourceVersion": "9",
+            "labels": {"a": "b"},
+        },
         "secrets": [{"name": "token"}],
     }
     answer = hooks.sync(bad, [adopted])
     assert answer["children"] == [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "qwen-pd-disc", "namespace": "ml", "labels": {"a": "b"}},
-         "secrets": [{"name": "token"}]}
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "qwen-pd-disc", "namespace": "ml", "labels": {"a": "b"}},
+            "secrets": [{"name": "token"}],
+        }
     ]
 
 
@@ -162,12 +187,22 @@ def test_metacontroller_sample_envelopes_parse(hooks) -> None:
             # sample's own observed Deployment llama-server, whose selector is not ours and
             # cannot change in place, is let go to be created anew on the next sync.
             assert sorted((c["kind"], c["metadata"]["name"]) for c in answer["children"]) == [
-                ("Deployment", "llama-decode"), ("Deployment", "llama-prefill"), ("Service", "llama-server"),
+                ("Deployment", "llama-decode"),
+                ("Deployment", "llama-prefill"),
+                ("Service", "llama-server"),
             ]
             assert answer["status"]["state"] == "failed"
             assert "Deployment llama-server is being replaced: the selector changed" in answer["status"]["message"]
-            for kind in ("StatefulSet llama-nats", "ServiceAccount llama-disc", "Role llama-disc", "RoleBinding llama-disc"):
-                assert f"{kind} cannot be created: this CompositeController does not register" in answer["status"]["message"]
+            for kind in (
+                "StatefulSet llama-nats",
+                "ServiceAccount llama-disc",
+                "Role llama-disc",
+                "RoleBinding llama-disc",
+            ):
+                assert (
+                    f"{kind} cannot be created: this CompositeController does not register"
+                    in answer["status"]["message"]
+                )
         else:
             assert answer == {
                 "status": {"state": "terminating", "message": "all children deleted"},

@@ -46,12 +46,16 @@ def test_second_sync_of_unchanged_world_writes_nothing(hooks, path: Path) -> Non
 def test_scaling_one_pool_writes_exactly_that_child(hooks, path: Path) -> None:
     mc = converged(hooks, path)
     idep = mc.parent["metadata"]["name"]
-    worker = next(name for name, svc in sorted(mc.parent["spec"]["services"].items()) if svc["componentType"] == "worker")
+    worker = next(
+        name for name, svc in sorted(mc.parent["spec"]["services"].items()) if svc["componentType"] == "worker"
+    )
     mc.edit(lambda spec: spec["services"][worker].update(replicas=spec["services"][worker].get("replicas", 1) + 2))
     kind = workload_kind(mc.parent["spec"]["services"][worker])
     writes = mc.sync()
     assert mc.child_writes(writes) == [("update", kind, f"{idep}-{worker}")]
-    assert mc.children[(kind, f"{idep}-{worker}")]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
+    assert (
+        mc.children[(kind, f"{idep}-{worker}")]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
+    )
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
@@ -123,13 +127,18 @@ def test_storage_size_change_keeps_the_claim_template_and_says_so(hooks) -> None
     assert mc.child_writes(mc.sync()) == []
     claim = mc.children[("StatefulSet", "qwen-pd-nats")]["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["resources"]["requests"]["storage"] == "4Gi"
-    assert "nats.storageSize/storageClassName change not applied to StatefulSet qwen-pd-nats" in mc.parent["status"]["message"]
+    assert (
+        "nats.storageSize/storageClassName change not applied to StatefulSet qwen-pd-nats"
+        in mc.parent["status"]["message"]
+    )
     assert mc.sync() == []
 
 
 def test_non_canonical_quantities_do_not_churn(hooks) -> None:
     mc = Metacontroller(hooks, PD)
-    mc.edit(lambda spec: spec["services"]["decode"]["resources"].update(cpu="16000m", memory="1024Gi", sharedMemory="0.5Ti"))
+    mc.edit(
+        lambda spec: spec["services"]["decode"]["resources"].update(cpu="16000m", memory="1024Gi", sharedMemory="0.5Ti")
+    )
     mc.converge()
     mc.mark_ready()
     mc.converge()

@@ -53,7 +53,11 @@ def test_crd_names_and_columns(crd: dict[str, Any]) -> None:
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c] == ["Backend", "State", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c] == [
+        "Backend",
+        "State",
+        "Age",
+    ]
     assert columns["Ready"]["priority"] == 1 and columns["Ready"]["jsonPath"] == ".status.readyServices"
 
 
@@ -76,8 +80,8 @@ def test_crd_schema_is_structural_with_descriptions(crd: dict[str, Any]) -> None
         assert "$ref" not in node and "title" not in node, path
         # Optional fields are absent, never null; only a JSON patch value may be null.
         assert "nullable" not in node or path == ".spec.patches[].patch[].value", path
-        assert "type" in node or node.get("x-kubernetes-int-or-string") or node.get(
-            "x-kubernetes-preserve-unknown-fields"
+        assert (
+            "type" in node or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
         ), f"{path} has no type"
         assert node.get("additionalProperties") is not False, path
         if node.get("x-kubernetes-preserve-unknown-fields"):
@@ -112,13 +116,37 @@ def _errors(admission: jsonschema.Draft7Validator, obj: dict[str, Any]) -> list[
 @pytest.mark.parametrize(
     ("path", "value", "error"),
     [
-        (("spec", "backendFramework"), "tensorrt", "spec.backendFramework: 'tensorrt' is not one of ['sglang', 'vllm']"),
-        (("spec", "services", "decode", "replicas"), -1, "spec.services.decode.replicas: -1 is less than the minimum of 0"),
-        (("spec", "services", "decode", "numberOfNodes"), 0, "spec.services.decode.numberOfNodes: 0 is less than the minimum of 1"),
-        (("spec", "services", "decode", "role"), "both", "spec.services.decode.role: 'both' is not one of ['mixed', 'prefill', 'decode']"),
-        (("spec", "services", "decode", "replica"), 2, "spec.services.decode: Additional properties are not allowed ('replica' was unexpected)"),
+        (
+            ("spec", "backendFramework"),
+            "tensorrt",
+            "spec.backendFramework: 'tensorrt' is not one of ['sglang', 'vllm']",
+        ),
+        (
+            ("spec", "services", "decode", "replicas"),
+            -1,
+            "spec.services.decode.replicas: -1 is less than the minimum of 0",
+        ),
+        (
+            ("spec", "services", "decode", "numberOfNodes"),
+            0,
+            "spec.services.decode.numberOfNodes: 0 is less than the minimum of 1",
+        ),
+        (
+            ("spec", "services", "decode", "role"),
+            "both",
+            "spec.services.decode.role: 'both' is not one of ['mixed', 'prefill', 'decode']",
+        ),
+        (
+            ("spec", "services", "decode", "replica"),
+            2,
+            "spec.services.decode: Additional properties are not allowed ('replica' was unexpected)",
+        ),
         (("spec", "natsDeploy"), False, "spec: Additional properties are not allowed ('natsDeploy' was unexpected)"),
-        (("spec", "services", "decode", "resources", "memory"), "64 GB", "spec.services.decode.resources.memory: '64 GB' does not match"),
+        (
+            ("spec", "services", "decode", "resources", "memory"),
+            "64 GB",
+            "spec.services.decode.resources.memory: '64 GB' does not match",
+        ),
         (("spec", "etcdEndpoint"), "", "spec.etcdEndpoint: '' should be non-empty"),
         (("spec", "image"), "", "spec.image: '' should be non-empty"),
     ],
@@ -172,7 +200,7 @@ def test_upstream_fields_are_all_accepted(crd: dict[str, Any]) -> None:
     theirs_root = upstream["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     ours = {path for path, _ in _walk(ours_root)}
     missing = []
-    for path, node in _walk(theirs_root):
+    for path, _node in _walk(theirs_root):
         if ".extraPodSpec" in path or ".valueFrom." in path:
             continue  # open objects in our schema: any content is accepted
         if path not in ours:

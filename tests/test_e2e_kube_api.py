@@ -40,8 +40,12 @@ def pod(name: str, ip: str, labels: dict[str, str] | None = None, **status: Any)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": {DEPLOYMENT_LABEL: "demo"} if labels is None else labels,
-                     "annotations": {}},
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {DEPLOYMENT_LABEL: "demo"} if labels is None else labels,
+            "annotations": {},
+        },
         "spec": {"containers": [{"name": "main", "image": "rocm/infera"}], "terminationGracePeriodSeconds": 60},
         "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], **status},
     }
@@ -58,8 +62,9 @@ def client(kube: KubeAPI) -> Iterator[httpx.Client]:
     """A client as the runtime's: the mounted CA and token. Its read timeout turns a watch event
     that never comes into a failure instead of a hang."""
     context = ssl.create_default_context(cadata=kube.ca_pem)
-    with httpx.Client(base_url=kube.url, verify=context, timeout=5,
-                      headers={"Authorization": f"Bearer {kube.token}"}) as http:
+    with httpx.Client(
+        base_url=kube.url, verify=context, timeout=5, headers={"Authorization": f"Bearer {kube.token}"}
+    ) as http:
         yield http
 
 
@@ -106,7 +111,8 @@ class Fleet:
         self.workers: dict[str, Any] = {}
         # No namespace given: the registry reads the mounted one, as the rendered router does.
         self.registry = runtime.discovery.KubernetesRegistry(
-            SELECTOR, on_worker_added=lambda info: self.added.append(info.worker_id),
+            SELECTOR,
+            on_worker_added=lambda info: self.added.append(info.worker_id),
             on_worker_removed=self.removed.append,
         )
 
@@ -114,7 +120,9 @@ class Fleet:
         """Register (again, for a pod that has: what the heartbeat does) as the worker in that pod."""
         if pod_name not in self.workers:
             self.workers[pod_name] = self.runtime.registration.K8sRegistrationClient(pod_name=pod_name)
-        await self.workers[pod_name].register(self.runtime.EngineConfig(model_name="Qwen/Qwen3-0.6B", host=ip, port=8000))
+        await self.workers[pod_name].register(
+            self.runtime.EngineConfig(model_name="Qwen/Qwen3-0.6B", host=ip, port=8000)
+        )
 
     async def deregister(self, pod_name: str) -> bool:
         return await self.workers.pop(pod_name).deregister()
@@ -161,7 +169,8 @@ def test_a_worker_registers_and_deregisters_through_its_pod(runtime: SimpleNames
     kube.add_pod(pod("demo-server-0", "10.42.0.2"))
     stranger = pod("other-worker-0", "10.42.0.30", labels={DEPLOYMENT_LABEL: "other"})
     stranger["metadata"]["annotations"][WORKER_INFO] = json.dumps(
-        {"worker_id": "10.42.0.30:8000", "url": "http://10.42.0.30:8000", "model_name": "Qwen/Qwen3-0.6B"})
+        {"worker_id": "10.42.0.30:8000", "url": "http://10.42.0.30:8000", "model_name": "Qwen/Qwen3-0.6B"}
+    )
     kube.add_pod(stranger)
 
     async def scenario() -> None:
@@ -240,19 +249,39 @@ def test_the_scaling_api_reads_and_patches_its_deployment(runtime: SimpleNamespa
     router = pod("demo-server-0", "10.42.0.2")
     router["metadata"]["labels"][runtime.scaling.LABEL_SERVICE] = "server"
     kube.add_pod(router)
-    pending = pod("demo-decode-0", "", labels={DEPLOYMENT_LABEL: "demo", runtime.scaling.LABEL_SERVICE: "decode"},
-                  phase="Pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": "0/3 nodes are available: 3 Insufficient amd.com/gpu."}])
+    pending = pod(
+        "demo-decode-0",
+        "",
+        labels={DEPLOYMENT_LABEL: "demo", runtime.scaling.LABEL_SERVICE: "decode"},
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient amd.com/gpu.",
+            }
+        ],
+    )
     kube.add_pod(pending)
-    status = {"state": "Progressing", "services": {
-        "prefill": {"kind": "Deployment", "replicas": 1, "readyReplicas": 1},
-        "decode": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0}}}
-    kube.add_object({
-        "apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment",
-        "metadata": {"name": "demo", "namespace": NS},
-        "spec": {"services": {"prefill": {"role": "prefill", "replicas": 1}, "decode": {"role": "decode", "replicas": 1}}},
-        "status": status,
-    })
+    status = {
+        "state": "Progressing",
+        "services": {
+            "prefill": {"kind": "Deployment", "replicas": 1, "readyReplicas": 1},
+            "decode": {"kind": "Deployment", "replicas": 1, "readyReplicas": 0},
+        },
+    }
+    kube.add_object(
+        {
+            "apiVersion": "infera.amd.com/v1alpha1",
+            "kind": "InferaDeployment",
+            "metadata": {"name": "demo", "namespace": NS},
+            "spec": {
+                "services": {"prefill": {"role": "prefill", "replicas": 1}, "decode": {"role": "decode", "replicas": 1}}
+            },
+            "status": status,
+        }
+    )
 
     async def scenario() -> None:
         scaler = runtime.scaling.DeploymentScaler(pod_name="demo-server-0")
@@ -288,8 +317,15 @@ def test_errors_are_statuses_with_the_real_codes(kube: KubeAPI, client: httpx.Cl
     wrong = client.get(path, headers={"Authorization": "Bearer not-the-token"})
     for reply in (anonymous, wrong):
         assert reply.status_code == 401
-        assert reply.json() == {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
+        assert reply.json() == {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "Unauthorized",
+            "reason": "Unauthorized",
+            "code": 401,
+        }
 
     missing = client.get(f"/api/v1/namespaces/{NS}/pods/nope")
     assert missing.status_code == 404
@@ -306,7 +342,10 @@ def test_errors_are_statuses_with_the_real_codes(kube: KubeAPI, client: httpx.Cl
         assert (reply.status_code, reply.json()["reason"]) == (415, "UnsupportedMediaType")
     assert client.patch(f"/api/v1/namespaces/{NS}/pods/nope", content=patch, headers=MERGE).status_code == 404
     assert client.patch(path, content="{", headers=MERGE).status_code == 400
-    assert client.patch(path, content=json.dumps({"metadata": {"annotations": {"a": 1}}}), headers=MERGE).status_code == 400
+    assert (
+        client.patch(path, content=json.dumps({"metadata": {"annotations": {"a": 1}}}), headers=MERGE).status_code
+        == 400
+    )
     too_big = {"metadata": {"annotations": {WORKER_INFO: "x" * 256 * 1024}}}
     reply = client.patch(path, content=json.dumps(too_big), headers=MERGE)
     assert (reply.status_code, reply.json()["reason"]) == (422, "Invalid")
@@ -320,12 +359,19 @@ def test_merge_patch_is_rfc_7386_with_the_servers_rules(kube: KubeAPI, client: h
     path = f"/api/v1/namespaces/{NS}/pods/demo-worker-0"
 
     def merge(body: dict[str, Any]) -> dict[str, Any]:
-        reply = client.patch(path, content=json.dumps(body), headers={"Content-Type": f"{MERGE['Content-Type']}; charset=utf-8"})
+        reply = client.patch(
+            path, content=json.dumps(body), headers={"Content-Type": f"{MERGE['Content-Type']}; charset=utf-8"}
+        )
         assert reply.status_code == 200, reply.text
         return reply.json()
 
-    first = merge({"metadata": {"annotations": {"a": "1", "b": "2"}, "labels": {"x": "y"}},
-                   "status": {"phase": "Failed"}, "spec": {"nodeName": "gpu-node-1"}})
+    first = merge(
+        {
+            "metadata": {"annotations": {"a": "1", "b": "2"}, "labels": {"x": "y"}},
+            "status": {"phase": "Failed"},
+            "spec": {"nodeName": "gpu-node-1"},
+        }
+    )
     assert first["metadata"]["annotations"] == {"a": "1", "b": "2"}
     assert first["metadata"]["labels"] == {DEPLOYMENT_LABEL: "demo", "x": "y"}
     assert first["status"]["phase"] == "Running"  # only the status subresource writes status
@@ -389,7 +435,9 @@ def test_a_watch_follows_its_selector_and_expires(kube: KubeAPI, client: httpx.C
     start = kube.add_pod(pod("demo-worker-0", "10.42.0.10"))["metadata"]["resourceVersion"]
     path = f"/api/v1/namespaces/{NS}/pods/demo-worker-0"
     for labels in ({"moved": "yes", DEPLOYMENT_LABEL: None}, {DEPLOYMENT_LABEL: "demo"}):
-        assert client.patch(path, content=json.dumps({"metadata": {"labels": labels}}), headers=MERGE).status_code == 200
+        assert (
+            client.patch(path, content=json.dumps({"metadata": {"labels": labels}}), headers=MERGE).status_code == 200
+        )
     kube.mark_deleting(NS, "demo-worker-0")
     kube.remove_pod(NS, "demo-worker-0")
 
@@ -408,7 +456,10 @@ def test_a_watch_follows_its_selector_and_expires(kube: KubeAPI, client: httpx.C
     assert expired["object"]["code"] == 410 and expired["object"]["reason"] == "Expired"
 
     current = read_events(client, 2, labelSelector="")  # no resourceVersion: the current state first
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in current] == [("ADDED", "filler-0"), ("ADDED", "filler-1")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in current] == [
+        ("ADDED", "filler-0"),
+        ("ADDED", "filler-1"),
+    ]
 
 
 def test_stop_ends_open_watches_promptly(kube: KubeAPI, client: httpx.Client) -> None:

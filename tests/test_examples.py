@@ -21,22 +21,57 @@ def test_the_documented_examples_exist() -> None:
     }
 
 
-PLUMBING = {("ServiceAccount", "disc"), ("Role", "disc"), ("RoleBinding", "disc"), ("StatefulSet", "nats"), ("Service", "nats")}
+PLUMBING = {
+    ("ServiceAccount", "disc"),
+    ("Role", "disc"),
+    ("RoleBinding", "disc"),
+    ("StatefulSet", "nats"),
+    ("Service", "nats"),
+}
 EXPECTED = {
-    "pd-disaggregated.yaml": ("qwen-pd", PLUMBING | {("Deployment", "server"), ("Service", "server"),
-                                                     ("Deployment", "prefill"), ("Deployment", "decode")}),
-    "single-node-mixed.yaml": ("qwen-mixed", PLUMBING | {("Deployment", "server"), ("Service", "server"),
-                                                         ("Deployment", "worker")}),
+    "pd-disaggregated.yaml": (
+        "qwen-pd",
+        PLUMBING
+        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")},
+    ),
+    "single-node-mixed.yaml": (
+        "qwen-mixed",
+        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")},
+    ),
     "etcd-discovery.yaml": ("llama-etcd", {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")}),
-    "gaie-pd.yaml": ("qwen-gaie", PLUMBING | {("Deployment", "prefill"), ("Deployment", "decode"), ("Deployment", "epp"),
-                                              ("Service", "epp"), ("InferencePool", "pool"), ("HTTPRoute", "route")}),
-    "pd-1p1d-mooncake.yaml": ("qwen-1p1d", PLUMBING | {("Deployment", "server"), ("Service", "server"),
-                                                      ("Deployment", "prefill"), ("Deployment", "decode")}),
-    "pd-vllm-moriio.yaml": ("llama-pd", {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"),
-                                         ("Deployment", "decode"), ("ServiceAccount", "disc"), ("Role", "disc"),
-                                         ("RoleBinding", "disc")}),
-    "multinode-tp.yaml": ("llama-tp", PLUMBING | {("Deployment", "server"), ("Service", "server"),
-                                                  ("LeaderWorkerSet", "worker")}),
+    "gaie-pd.yaml": (
+        "qwen-gaie",
+        PLUMBING
+        | {
+            ("Deployment", "prefill"),
+            ("Deployment", "decode"),
+            ("Deployment", "epp"),
+            ("Service", "epp"),
+            ("InferencePool", "pool"),
+            ("HTTPRoute", "route"),
+        },
+    ),
+    "pd-1p1d-mooncake.yaml": (
+        "qwen-1p1d",
+        PLUMBING
+        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")},
+    ),
+    "pd-vllm-moriio.yaml": (
+        "llama-pd",
+        {
+            ("Deployment", "server"),
+            ("Service", "server"),
+            ("Deployment", "prefill"),
+            ("Deployment", "decode"),
+            ("ServiceAccount", "disc"),
+            ("Role", "disc"),
+            ("RoleBinding", "disc"),
+        },
+    ),
+    "multinode-tp.yaml": (
+        "llama-tp",
+        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("LeaderWorkerSet", "worker")},
+    ),
 }
 
 
@@ -60,15 +95,21 @@ def test_examples_are_mentioned_in_the_readme() -> None:
 def test_mooncake_recipe(hooks) -> None:
     """Router and prefill on node A, decode on node B; KV over RoCE, RPC on the pod network."""
     answer = hooks.sync(parent(REPO / "examples" / "pd-1p1d-mooncake.yaml"))
-    pods = {c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in answer["children"] if c["kind"] == "Deployment"}
+    pods = {
+        c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in answer["children"] if c["kind"] == "Deployment"
+    }
     assert {name: pod["nodeSelector"]["kubernetes.io/hostname"] for name, pod in pods.items()} == {
-        "qwen-1p1d-server": "gpu-node-a", "qwen-1p1d-prefill": "gpu-node-a", "qwen-1p1d-decode": "gpu-node-b",
+        "qwen-1p1d-server": "gpu-node-a",
+        "qwen-1p1d-prefill": "gpu-node-a",
+        "qwen-1p1d-decode": "gpu-node-b",
     }
     for name in ("qwen-1p1d-prefill", "qwen-1p1d-decode"):
         pod = pods[name]
         (main,) = pod["containers"]
         assert "hostNetwork" not in pod  # pod IPs; Mooncake's RPC rides the pod network
-        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}} in main["env"]
+        assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}} in main[
+            "env"
+        ]
         assert "readinessProbe" not in main
         flags = main["command"] + main["args"]
         assert flags[flags.index("--disaggregation-transfer-backend") + 1] == "mooncake"

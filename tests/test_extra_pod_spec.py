@@ -34,8 +34,19 @@ FULL_WORKER = {
         {
             "name": "main",
             "image": "vendor/sglang:v1",
-            "command": ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "30000", "--model-path", "/models/q",
-                        "--disaggregation-mode", "decode"],
+            "command": [
+                "python3",
+                "-m",
+                "infera.engine.sglang",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "30000",
+                "--model-path",
+                "/models/q",
+                "--disaggregation-mode",
+                "decode",
+            ],
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "SGLANG_USE_AITER", "value": 1},
@@ -73,7 +84,9 @@ def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
     assert main["env"][1] == {"name": "SGLANG_USE_AITER", "value": "1"} and main["env"][2] == {"name": "EMPTY"}
     # Operator additions the template leaves out.
     assert main["ports"] == [{"name": "http", "containerPort": 30000, "protocol": "TCP"}]
-    assert [main[probe]["httpGet"]["path"] for probe in ("startupProbe", "livenessProbe", "readinessProbe")] == ["/health"] * 3
+    assert [main[probe]["httpGet"]["path"] for probe in ("startupProbe", "livenessProbe", "readinessProbe")] == [
+        "/health"
+    ] * 3
     assert main["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "15"]}}}
     assert main["securityContext"] == user["securityContext"]
     assert spec["serviceAccountName"] == "qwen-pd-disc"
@@ -104,7 +117,10 @@ def test_template_wins_on_clashes(hooks) -> None:
     assert merged["ports"] == [{"name": "http", "containerPort": 31000}]
     # The template's /dev/shm replaces the operator's, whose volume is dropped.
     assert [m["name"] for m in merged["volumeMounts"]] == ["model", "shm"]
-    assert spec["volumes"] == [extra["volumes"][0], {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+    assert spec["volumes"] == [
+        extra["volumes"][0],
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+    ]
     assert spec["serviceAccountName"] == "custom"
     assert spec["terminationGracePeriodSeconds"] == 900
     extra["terminationGracePeriodSeconds"] = 60
@@ -115,14 +131,20 @@ def test_template_wins_on_clashes(hooks) -> None:
 def test_template_port_names_handlers_and_gpu_counts(hooks) -> None:
     """A template may name the port differently, use another preStop handler, or ask for more
     GPUs than the flat fields: the pod must still be valid and its probe and Service work."""
-    extra = {"containers": [{
-        "name": "main",
-        "ports": [{"name": "engine", "containerPort": 30000}],
-        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 30000}}},
-        "resources": {"limits": {"amd.com/gpu": 2}},
-    }]}
+    extra = {
+        "containers": [
+            {
+                "name": "main",
+                "ports": [{"name": "engine", "containerPort": 30000}],
+                "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 30000}}},
+                "resources": {"limits": {"amd.com/gpu": 2}},
+            }
+        ]
+    }
     obj = pd_with("decode", extra)
-    obj["spec"]["services"]["server"]["extraPodSpec"] = {"containers": [{"name": "main", "ports": [{"name": "api", "containerPort": 8000}]}]}
+    obj["spec"]["services"]["server"]["extraPodSpec"] = {
+        "containers": [{"name": "main", "ports": [{"name": "api", "containerPort": 8000}]}]
+    }
     answer = hooks.sync(obj)
     (main,) = pod(answer, "qwen-pd-decode")["spec"]["containers"]
     assert main["ports"] == [{"name": "engine", "containerPort": 30000}]
@@ -154,7 +176,12 @@ def test_partial_overlay_keeps_the_flat_fields(hooks) -> None:
 
 
 def test_primary_is_main_or_infera_else_first(hooks) -> None:
-    extra = {"containers": [{"name": "log-shipper", "image": "fluent-bit:3"}, {"name": "infera", "env": [{"name": "X", "value": "y"}]}]}
+    extra = {
+        "containers": [
+            {"name": "log-shipper", "image": "fluent-bit:3"},
+            {"name": "infera", "env": [{"name": "X", "value": "y"}]},
+        ]
+    }
     spec = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]
     assert [c["name"] for c in spec["containers"]] == ["log-shipper", "infera"]
     assert spec["containers"][0] == {"name": "log-shipper", "image": "fluent-bit:3"}
@@ -169,14 +196,23 @@ def test_primary_is_main_or_infera_else_first(hooks) -> None:
     [
         ({"containers": "main"}, "spec.services.prefill.extraPodSpec.containers must be a list of objects"),
         ({"volumes": [1]}, "spec.services.prefill.extraPodSpec.volumes must be a list of objects"),
-        ({"containers": [{"name": "main", "resources": {"limits": {"memory": "lots"}}}]},
-         "spec.services.prefill.extraPodSpec.containers[0].resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+        (
+            {"containers": [{"name": "main", "resources": {"limits": {"memory": "lots"}}}]},
+            "spec.services.prefill.extraPodSpec.containers[0].resources.limits.memory: 'lots' is not a Kubernetes quantity",
+        ),
         # The API server would drop an unknown field, and Metacontroller re-apply it on every sync.
-        ({"nodeSelecter": {"a": "b"}, "": 1},
-         "spec.services.prefill.extraPodSpec: '', 'nodeSelecter' are not fields of a Kubernetes PodSpec"),
-        ({"containers": [{"name": "main", "imagePullPolcy": "Always"}]},
-         "spec.services.prefill.extraPodSpec.containers[0]: 'imagePullPolcy' is not a field of a Kubernetes Container"),
-        ({"containers": [{"image": "x"}, {"image": "sidecar"}]}, "spec.services.prefill.extraPodSpec.containers[1] needs a name"),
+        (
+            {"nodeSelecter": {"a": "b"}, "": 1},
+            "spec.services.prefill.extraPodSpec: '', 'nodeSelecter' are not fields of a Kubernetes PodSpec",
+        ),
+        (
+            {"containers": [{"name": "main", "imagePullPolcy": "Always"}]},
+            "spec.services.prefill.extraPodSpec.containers[0]: 'imagePullPolcy' is not a field of a Kubernetes Container",
+        ),
+        (
+            {"containers": [{"image": "x"}, {"image": "sidecar"}]},
+            "spec.services.prefill.extraPodSpec.containers[1] needs a name",
+        ),
         ({"initContainers": [{"image": "x"}]}, "spec.services.prefill.extraPodSpec.initContainers[0] needs a name"),
         ({"volumes": [{"emptyDir": {}}]}, "spec.services.prefill.extraPodSpec.volumes[0] needs a name"),
     ],
@@ -225,6 +261,7 @@ def test_full_template_converges_without_churn(hooks) -> None:
 
 # --- the upstream operator's corpus ---------------------------------------------------------
 
+
 def corpus() -> list[tuple[str, dict[str, Any]]]:
     return [(f"{path}:{doc['metadata']['name']}", doc) for path, doc in upstream_corpus()]
 
@@ -248,14 +285,24 @@ def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: s
         extra = svc.get("extraPodSpec")
         if not extra:
             continue
-        workload = rendered.get(("Deployment", f"{idep}-{service}")) or rendered[("LeaderWorkerSet", f"{idep}-{service}")]
+        workload = (
+            rendered.get(("Deployment", f"{idep}-{service}")) or rendered[("LeaderWorkerSet", f"{idep}-{service}")]
+        )
         templates = (
-            [workload["spec"]["template"]] if workload["kind"] == "Deployment"
+            [workload["spec"]["template"]]
+            if workload["kind"] == "Deployment"
             else [workload["spec"]["leaderWorkerTemplate"][rank] for rank in ("leaderTemplate", "workerTemplate")]
         )
         for template in templates:
             spec = template["spec"]
-            for field in ("nodeSelector", "hostNetwork", "affinity", "tolerations", "imagePullSecrets", "initContainers"):
+            for field in (
+                "nodeSelector",
+                "hostNetwork",
+                "affinity",
+                "tolerations",
+                "imagePullSecrets",
+                "initContainers",
+            ):
                 if field in extra:
                     assert spec[field] == extra[field], (service, field)
             names = [v["name"] for v in spec.get("volumes", [])]
@@ -287,27 +334,47 @@ SGLANG = ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port"
 @pytest.mark.parametrize(
     ("spec", "command", "message"),
     [
-        ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, SGLANG,
-         "spec.services.prefill: the command discovers through kubernetes, but discoveryBackend is etcd: pass "
-         "--discovery-backend etcd --etcd-endpoint etcd:2379"),
-        ({"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}, [*SGLANG, "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"],
-         "spec.services.prefill: under etcd discovery a worker registers its --host (0.0.0.0) unless told otherwise: "
-         "pass --advertise-host $(POD_IP)"),
-        ({"nats": {"deploy": False}}, SGLANG,
-         "spec.services.prefill: the command uses NATS (--request-transport nats, --kv-event-transport nats, the runtime's "
-         "defaults unless set) but nats.deploy is false and it names no broker"),
-        ({"nats": {"deploy": False}}, [*SGLANG, "--request-transport", "http"],
-         "spec.services.prefill: the command uses NATS (--kv-event-transport nats"),
-        ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "8080", "--model-path", "/m"],
-         "spec.services.prefill: the command listens on port 8080, but the service's port is 30000: "
-         "set spec.services.prefill.port to 8080"),
-        ({}, ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0"],
-         "spec.services.prefill: infera.engine.sglang requires --model-path"),
+        (
+            {"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"},
+            SGLANG,
+            "spec.services.prefill: the command discovers through kubernetes, but discoveryBackend is etcd: pass "
+            "--discovery-backend etcd --etcd-endpoint etcd:2379",
+        ),
+        (
+            {"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"},
+            [*SGLANG, "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"],
+            "spec.services.prefill: under etcd discovery a worker registers its --host (0.0.0.0) unless told otherwise: "
+            "pass --advertise-host $(POD_IP)",
+        ),
+        (
+            {"nats": {"deploy": False}},
+            SGLANG,
+            "spec.services.prefill: the command uses NATS (--request-transport nats, --kv-event-transport nats, the runtime's "
+            "defaults unless set) but nats.deploy is false and it names no broker",
+        ),
+        (
+            {"nats": {"deploy": False}},
+            [*SGLANG, "--request-transport", "http"],
+            "spec.services.prefill: the command uses NATS (--kv-event-transport nats",
+        ),
+        (
+            {},
+            ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "8080", "--model-path", "/m"],
+            "spec.services.prefill: the command listens on port 8080, but the service's port is 30000: "
+            "set spec.services.prefill.port to 8080",
+        ),
+        (
+            {},
+            ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0"],
+            "spec.services.prefill: infera.engine.sglang requires --model-path",
+        ),
     ],
     ids=["etcd-backend", "etcd-advertise", "nats-off", "nats-off-kv-events", "port", "model"],
 )
 def test_template_commands_must_work_in_their_graph(hooks, spec: dict, command: list[str], message: str) -> None:
-    obj = pd_with("prefill", {"containers": [{"name": "main", "command": command}]}, args=["--disaggregation-mode", "prefill"])
+    obj = pd_with(
+        "prefill", {"containers": [{"name": "main", "command": command}]}, args=["--disaggregation-mode", "prefill"]
+    )
     obj["spec"].update(spec)
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed" and status["message"].startswith(message), status["message"]
@@ -315,9 +382,11 @@ def test_template_commands_must_work_in_their_graph(hooks, spec: dict, command: 
 
 def test_a_template_that_says_it_all_is_accepted(hooks) -> None:
     """etcd, no managed NATS but a broker of its own, a port of its own, the role, in `sh -c`."""
-    script = ("exec python3 -m infera.engine.sglang --host 0.0.0.0 --port 31000 --model-path /m --disaggregation-mode "
-              "prefill --disaggregation-transfer-backend mori --discovery-backend etcd --etcd-endpoint e:1 "
-              "--advertise-host $POD_IP --nats-server nats://nats.shared:4222 --kv-event-transport zmq")
+    script = (
+        "exec python3 -m infera.engine.sglang --host 0.0.0.0 --port 31000 --model-path /m --disaggregation-mode "
+        "prefill --disaggregation-transfer-backend mori --discovery-backend etcd --etcd-endpoint e:1 "
+        "--advertise-host $POD_IP --nats-server nats://nats.shared:4222 --kv-event-transport zmq"
+    )
     obj = pd_with("prefill", {"containers": [{"name": "main", "command": ["/bin/sh", "-c", script]}]}, port=31000)
     obj["spec"].update(discoveryBackend="etcd", etcdEndpoint="e:1", nats={"deploy": False})
     obj["spec"]["services"]["prefill"].pop("args")
@@ -328,8 +397,10 @@ def test_a_template_that_says_it_all_is_accepted(hooks) -> None:
 def test_a_missing_disaggregation_mode_says_what_to_add(hooks) -> None:
     obj = pd_with("decode", {"containers": [{"name": "main", "command": SGLANG}]}, args=["--tp-size", "1"])
     status = hooks.sync(obj)["status"]
-    assert "spec.services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: " \
-           "add --disaggregation-mode decode" in status["message"]
+    assert (
+        "spec.services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: "
+        "add --disaggregation-mode decode" in status["message"]
+    )
 
 
 def worker_template(command: list[str], **container: Any) -> dict[str, Any]:
@@ -344,23 +415,71 @@ NATS_FROM_SECRET = {"name": "NATS_SERVER", "valueFrom": {"secretKeyRef": {"name"
     ("spec", "template"),
     [
         # A broker of one's own, named where the runtime reads it (NATS_SERVER), from a Secret.
-        ({"nats": {"deploy": False}}, worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"], env=[NATS_FROM_SECRET])),
-        ({"nats": {"deploy": False}},
-         worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"], envFrom=[{"secretRef": {"name": "engine"}}])),
+        (
+            {"nats": {"deploy": False}},
+            worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"], env=[NATS_FROM_SECRET]),
+        ),
+        (
+            {"nats": {"deploy": False}},
+            worker_template(
+                [*SGLANG_PREFILL, "--kv-event-transport", "zmq"], envFrom=[{"secretRef": {"name": "engine"}}]
+            ),
+        ),
         # Flags passed to the script as its arguments, or in a variable the hook cannot read.
-        ({}, worker_template(["/bin/sh", "-c", 'exec python3 -m infera.engine.sglang "$@"', "--", *SGLANG_PREFILL[3:]])),
-        ({}, worker_template(["/bin/sh", "-c", "exec python3 -m infera.engine.sglang $ENGINE_ARGS"],
-                             env=[{"name": "ENGINE_ARGS", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}])),
+        (
+            {},
+            worker_template(["/bin/sh", "-c", 'exec python3 -m infera.engine.sglang "$@"', "--", *SGLANG_PREFILL[3:]]),
+        ),
+        (
+            {},
+            worker_template(
+                ["/bin/sh", "-c", "exec python3 -m infera.engine.sglang $ENGINE_ARGS"],
+                env=[{"name": "ENGINE_ARGS", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
+            ),
+        ),
         # What follows the engine's command line in the script is not its flags.
-        ({}, worker_template(["/bin/sh", "-ec", "python3 -m infera.engine.sglang " + " ".join(SGLANG_PREFILL[3:]) + "\necho --port 1"])),
+        (
+            {},
+            worker_template(
+                [
+                    "/bin/sh",
+                    "-ec",
+                    "python3 -m infera.engine.sglang " + " ".join(SGLANG_PREFILL[3:]) + "\necho --port 1",
+                ]
+            ),
+        ),
         # Under etcd, a worker bound to its Pod IP registers it.
-        ({"discoveryBackend": "etcd", "etcdEndpoint": "e:1"},
-         worker_template([*SGLANG_PREFILL[:4], "$(POD_IP)", *SGLANG_PREFILL[5:], "--discovery-backend", "etcd", "--etcd-endpoint", "e:1"])),
+        (
+            {"discoveryBackend": "etcd", "etcdEndpoint": "e:1"},
+            worker_template(
+                [
+                    *SGLANG_PREFILL[:4],
+                    "$(POD_IP)",
+                    *SGLANG_PREFILL[5:],
+                    "--discovery-backend",
+                    "etcd",
+                    "--etcd-endpoint",
+                    "e:1",
+                ]
+            ),
+        ),
         # kubelet expands a literal variable before the process sees it.
-        ({}, worker_template([*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "30000"}])),
+        (
+            {},
+            worker_template(
+                [*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "30000"}]
+            ),
+        ),
     ],
-    ids=["nats-from-secret", "nats-from-envfrom", "script-arguments", "opaque-variable", "script-lines", "etcd-pod-ip-host",
-         "expanded-port"],
+    ids=[
+        "nats-from-secret",
+        "nats-from-envfrom",
+        "script-arguments",
+        "opaque-variable",
+        "script-lines",
+        "etcd-pod-ip-host",
+        "expanded-port",
+    ],
 )
 def test_templates_that_work_are_accepted(hooks, spec: dict, template: dict) -> None:
     obj = pd_with("prefill", template)
@@ -373,15 +492,29 @@ def test_templates_that_work_are_accepted(hooks, spec: dict, template: dict) -> 
 @pytest.mark.parametrize(
     ("template", "fields", "message"),
     [
-        (worker_template([*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "8080"}]), {},
-         "spec.services.prefill: the command listens on port 8080"),
-        (worker_template([*SGLANG_PREFILL, "--k8s-label-selector", "a=b", "--router-policy=kv-aware"]), {},
-         "spec.services.prefill: --k8s-label-selector, --router-policy belong to the router; infera.engine.sglang exits on them"),
-        (worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"]), {},
-         "the graph's processes do not share one KV-event plane: spec.services.decode (infera) uses nats, "
-         "spec.services.prefill (main) uses zmq"),
-        (worker_template(SGLANG_PREFILL), {"numberOfNodes": 2},
-         "spec.services.prefill: a rank of a 2-node group needs --nnodes, --node-rank, --dist-init-addr"),
+        (
+            worker_template(
+                [*SGLANG_PREFILL[:6], "$(PORT)", *SGLANG_PREFILL[7:]], env=[{"name": "PORT", "value": "8080"}]
+            ),
+            {},
+            "spec.services.prefill: the command listens on port 8080",
+        ),
+        (
+            worker_template([*SGLANG_PREFILL, "--k8s-label-selector", "a=b", "--router-policy=kv-aware"]),
+            {},
+            "spec.services.prefill: --k8s-label-selector, --router-policy belong to the router; infera.engine.sglang exits on them",
+        ),
+        (
+            worker_template([*SGLANG_PREFILL, "--kv-event-transport", "zmq"]),
+            {},
+            "the graph's processes do not share one KV-event plane: spec.services.decode (infera) uses nats, "
+            "spec.services.prefill (main) uses zmq",
+        ),
+        (
+            worker_template(SGLANG_PREFILL),
+            {"numberOfNodes": 2},
+            "spec.services.prefill: a rank of a 2-node group needs --nnodes, --node-rank, --dist-init-addr",
+        ),
     ],
     ids=["expanded-port", "router-flags", "kv-plane", "rendezvous"],
 )
@@ -394,7 +527,9 @@ def test_templates_that_would_fail_are_refused(hooks, template: dict, fields: di
 
 def test_a_worker_without_probes_listens_where_it_likes(hooks) -> None:
     """It registers the port it listens on, and has no Service: nothing to miss."""
-    obj = pd_with("prefill", worker_template([*SGLANG_PREFILL[:6], "31000", *SGLANG_PREFILL[7:]]), skipReadinessProbe=True)
+    obj = pd_with(
+        "prefill", worker_template([*SGLANG_PREFILL[:6], "31000", *SGLANG_PREFILL[7:]]), skipReadinessProbe=True
+    )
     obj["spec"]["services"]["prefill"].pop("args")
     assert hooks.sync(obj)["status"]["state"] == "initializing"
 
@@ -407,12 +542,27 @@ def test_the_vllm_multi_node_recipe_is_accepted(hooks) -> None:
     decode["numberOfNodes"] = 2
     model_args = decode.pop("args")
     group = "/spec/leaderWorkerTemplate"
-    head = ("ray start --head --port=6379 && exec python3 -m infera.engine.vllm --host 0.0.0.0 --port 30000 "
-            + " ".join(shlex.quote(a) for a in model_args) + " --tensor-parallel-size 16 --distributed-executor-backend ray")
-    obj["spec"]["patches"] = [{"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"}, "patch": [
-        {"op": "replace", "path": f"{group}/leaderTemplate/spec/containers/0/command", "value": ["/bin/sh", "-c", head]},
-        {"op": "replace", "path": f"{group}/workerTemplate/spec/containers/0/command",
-         "value": ["/bin/sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"]},
-    ]}]
+    head = (
+        "ray start --head --port=6379 && exec python3 -m infera.engine.vllm --host 0.0.0.0 --port 30000 "
+        + " ".join(shlex.quote(a) for a in model_args)
+        + " --tensor-parallel-size 16 --distributed-executor-backend ray"
+    )
+    obj["spec"]["patches"] = [
+        {
+            "target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
+            "patch": [
+                {
+                    "op": "replace",
+                    "path": f"{group}/leaderTemplate/spec/containers/0/command",
+                    "value": ["/bin/sh", "-c", head],
+                },
+                {
+                    "op": "replace",
+                    "path": f"{group}/workerTemplate/spec/containers/0/command",
+                    "value": ["/bin/sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"],
+                },
+            ],
+        }
+    ]
     answer = hooks.hook("/sync", request_body(obj, composite=controller("lws")))
     assert answer["status"]["state"] == "initializing", answer["status"]["message"]

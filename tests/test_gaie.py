@@ -53,9 +53,22 @@ def test_gaie_objects(hooks) -> None:
     (container,) = pod["containers"]
     # gaie.modelName is informational: the picker has no such flag.
     assert container["command"] == [
-        "python3", "-m", "infera.gaie", "--grpc-port", "9002", "--grpc-health-port", "9003",
-        "--destination-port", "8000", "--router-tokenizer-path", "Qwen/Qwen3-0.6B",
-        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *KV_EVENTS,
+        "python3",
+        "-m",
+        "infera.gaie",
+        "--grpc-port",
+        "9002",
+        "--grpc-health-port",
+        "9003",
+        "--destination-port",
+        "8000",
+        "--router-tokenizer-path",
+        "Qwen/Qwen3-0.6B",
+        "--discovery-backend",
+        "kubernetes",
+        "--k8s-label-selector",
+        SELECTOR,
+        *KV_EVENTS,
     ]
     assert container["image"] == "rocm/infera:sglang-v0.1.1"
     assert [p["containerPort"] for p in container["ports"]] == [9002, 9003]
@@ -73,12 +86,26 @@ def test_gaie_objects(hooks) -> None:
     }
     route = children[("HTTPRoute", "qwen-pd-route")]["spec"]
     assert route == {
-        "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway", "namespace": "gateways"}],
+        "parentRefs": [
+            {
+                "group": "gateway.networking.k8s.io",
+                "kind": "Gateway",
+                "name": "inference-gateway",
+                "namespace": "gateways",
+            }
+        ],
         "hostnames": ["qwen.example.com"],
         "rules": [
             {
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "qwen-pd-pool", "weight": 1}],
+                "backendRefs": [
+                    {
+                        "group": "inference.networking.k8s.io",
+                        "kind": "InferencePool",
+                        "name": "qwen-pd-pool",
+                        "weight": 1,
+                    }
+                ],
             }
         ],
     }
@@ -88,7 +115,10 @@ def test_route_defaults_to_own_namespace_and_epp_image_override(hooks) -> None:
     children = by_key(sync(hooks, gaie_pd(eppImage="example.com/epp:v2")))
     assert children[("HTTPRoute", "qwen-pd-route")]["spec"]["parentRefs"][0]["namespace"] == "ml"
     assert "hostnames" not in children[("HTTPRoute", "qwen-pd-route")]["spec"]
-    assert children[("Deployment", "qwen-pd-epp")]["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/epp:v2"
+    assert (
+        children[("Deployment", "qwen-pd-epp")]["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "example.com/epp:v2"
+    )
     (_, sidecar) = children[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]["containers"]
     assert sidecar["image"] == "example.com/epp:v2"
 
@@ -100,7 +130,8 @@ def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
     answer = sync(hooks, obj, WITH_ALL)
     selector = by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["selector"]["matchLabels"]
     selected = {
-        name for name, template in pod_templates(answer).items()
+        name
+        for name, template in pod_templates(answer).items()
         if selector.items() <= template["metadata"]["labels"].items()
     }
     assert selected == {"qwen-pd-prefill", "qwen-pd-decode/leader"}
@@ -113,9 +144,22 @@ def test_frontend_sidecar_and_direct_router(hooks) -> None:
     answer = sync(hooks, gaie_pd(frontendPort=8100))
     (main, sidecar) = by_key(answer)[("Deployment", "qwen-pd-prefill")]["spec"]["template"]["spec"]["containers"]
     assert sidecar["command"] == [
-        "python3", "-m", "infera.server", "--host", "0.0.0.0", "--port", "8100", "--router-mode", "direct",
-        "--router-tokenizer-path", "Qwen/Qwen3-0.6B",
-        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS,
+        "python3",
+        "-m",
+        "infera.server",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8100",
+        "--router-mode",
+        "direct",
+        "--router-tokenizer-path",
+        "Qwen/Qwen3-0.6B",
+        "--discovery-backend",
+        "kubernetes",
+        "--k8s-label-selector",
+        SELECTOR,
+        *NATS,
     ]
     assert sidecar["ports"] == [{"name": "frontend", "containerPort": 8100, "protocol": "TCP"}]
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": 8100, "scheme": "HTTP"}
@@ -144,8 +188,13 @@ def test_status_rolls_up_gateway_readiness(hooks) -> None:
     assert status["state"] == "pending"
     # The pool exists and its gateway writes no conditions yet: that counts as ready.
     assert status["gaie"] == {
-        "eppReplicas": 1, "eppReadyReplicas": 1, "inferencePoolName": "qwen-pd-pool", "httpRouteName": "qwen-pd-route",
-        "inferencePoolReady": True, "httpRouteAccepted": False, "ready": False,
+        "eppReplicas": 1,
+        "eppReadyReplicas": 1,
+        "inferencePoolName": "qwen-pd-pool",
+        "httpRouteName": "qwen-pd-route",
+        "inferencePoolReady": True,
+        "httpRouteAccepted": False,
+        "ready": False,
     }
     assert status["message"] == "gateway: EPP 1/1 ready, HTTPRoute qwen-pd-route not accepted"
     assert [c["reason"] for c in status["conditions"] if c["type"] == "Ready"] == ["GatewayNotReady"]
@@ -174,16 +223,18 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
     mc.converge()
     mc.edit(lambda spec: spec["gaie"].update(enabled=False))
     writes = sorted(mc.child_writes(mc.sync()))
-    assert writes == sorted([
-        ("delete", "Deployment", "qwen-pd-epp"),
-        ("delete", "Service", "qwen-pd-epp"),
-        ("delete", "InferencePool", "qwen-pd-pool"),
-        ("delete", "HTTPRoute", "qwen-pd-route"),
-        # the sidecar and pool label leave the workers; the server leaves direct mode
-        ("update", "Deployment", "qwen-pd-decode"),
-        ("update", "Deployment", "qwen-pd-prefill"),
-        ("update", "Deployment", "qwen-pd-server"),
-    ])
+    assert writes == sorted(
+        [
+            ("delete", "Deployment", "qwen-pd-epp"),
+            ("delete", "Service", "qwen-pd-epp"),
+            ("delete", "InferencePool", "qwen-pd-pool"),
+            ("delete", "HTTPRoute", "qwen-pd-route"),
+            # the sidecar and pool label leave the workers; the server leaves direct mode
+            ("update", "Deployment", "qwen-pd-decode"),
+            ("update", "Deployment", "qwen-pd-prefill"),
+            ("update", "Deployment", "qwen-pd-server"),
+        ]
+    )
     for name in ("qwen-pd-decode", "qwen-pd-prefill"):
         template = mc.children[("Deployment", name)]["spec"]["template"]
         assert [c["name"] for c in template["spec"]["containers"]] == ["infera"]
@@ -220,8 +271,12 @@ def test_upstream_gaie_sample_renders(hooks) -> None:
 
 @pytest.mark.parametrize(
     ("gaie", "field"),
-    [({"hostnames": ["Qwen.Example.com"]}, "spec.gaie.hostnames.0"), ({"hostnames": ["qwen.example.com:8080"]}, "spec.gaie.hostnames.0"),
-     ({"gatewayNamespace": "Bad_NS"}, "spec.gaie.gatewayNamespace"), ({"gatewayName": "gw/x"}, "spec.gaie.gatewayName")],
+    [
+        ({"hostnames": ["Qwen.Example.com"]}, "spec.gaie.hostnames.0"),
+        ({"hostnames": ["qwen.example.com:8080"]}, "spec.gaie.hostnames.0"),
+        ({"gatewayNamespace": "Bad_NS"}, "spec.gaie.gatewayNamespace"),
+        ({"gatewayName": "gw/x"}, "spec.gaie.gatewayName"),
+    ],
 )
 def test_gateway_references_are_validated(hooks, gaie: dict, field: str) -> None:
     status = hooks.sync(gaie_pd(**gaie))["status"]
@@ -245,7 +300,9 @@ def test_frontend_port_must_not_be_one_the_worker_binds(hooks) -> None:
     """The sidecar shares the worker's network: SGLang's KV snapshot server binds 8801 by default."""
     status = sync(hooks, gaie_pd(frontendPort=8801))["status"]
     assert status["state"] == "failed"
-    assert ("services.decode: containers infera and infera-frontend would both listen on port 8801 in one pod: "
-            "choose another gaie.frontendPort") in status["message"]
+    assert (
+        "services.decode: containers infera and infera-frontend would both listen on port 8801 in one pod: "
+        "choose another gaie.frontendPort"
+    ) in status["message"]
     # vLLM binds no such port: the same frontendPort is fine there.
     assert sync(hooks, as_vllm(gaie_pd(frontendPort=8801)))["status"]["state"] == "initializing"

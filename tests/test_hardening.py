@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hooks import reconcile
+from hooks import app as app_module
 from hooks.app import create_app
 from hooks.observability import JsonFormatter
 from tests.conftest import (
@@ -39,7 +39,9 @@ def authed(client: HookClient, token: str | None, path: str = "/sync") -> int:
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(client.base_url + path, data=json.dumps(request_body(parent(PD))).encode(), method="POST")
+    req = urllib.request.Request(
+        client.base_url + path, data=json.dumps(request_body(parent(PD))).encode(), method="POST"
+    )
     req.add_header("Content-Type", "application/json")
     if token is not None:
         req.add_header("Authorization", token)
@@ -97,7 +99,9 @@ def test_a_missing_or_empty_token_file_stops_serve_at_start(tmp_path: Path, cont
     executable = Path(sys.executable).with_name("infera-hooks")
     result = subprocess.run(
         [str(executable), "serve", "--bind", "127.0.0.1:0", "--auth-token-file", str(token_file)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     problem = "No such file or directory" if content is None else "the file is empty"
     assert result.returncode == 2
@@ -133,8 +137,9 @@ def test_https_with_the_readme_recipe(tmp_path: Path) -> None:
     need(shutil.which("openssl") is not None, "openssl is not on PATH")
     for command in readme_tls_recipe():
         subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, capture_output=True)
-    with start_server(tmp_path, "--certfile", str(tmp_path / "tls.crt"), "--keyfile", str(tmp_path / "tls.key"),
-                      scheme="https") as url:
+    with start_server(
+        tmp_path, "--certfile", str(tmp_path / "tls.crt"), "--keyfile", str(tmp_path / "tls.key"), scheme="https"
+    ) as url:
         host, port = url.removeprefix("https://").split(":")
         context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
         body = json.dumps(request_body(parent(PD))).encode()
@@ -143,7 +148,8 @@ def test_https_with_the_readme_recipe(tmp_path: Path) -> None:
             with context.wrap_socket(raw, server_hostname="infera-hooks.infera-system.svc") as tls:
                 tls.sendall(
                     b"POST /sync HTTP/1.1\r\nHost: infera-hooks.infera-system.svc\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+                    + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                    + body
                 )
                 reply = b""
                 while chunk := tls.recv(65536):
@@ -206,8 +212,13 @@ def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in (tmp_path).glob("server-*.log").__next__().read_text().splitlines() if line]
     (call,) = [line for line in lines if line.get("message") == "hook call"]
     assert {k: call[k] for k in ("hook", "namespace", "name", "generation", "children", "state", "outcome")} == {
-        "hook": "sync", "namespace": "ml", "name": "qwen-pd", "generation": 1, "children": 9,
-        "state": "initializing", "outcome": "ok",
+        "hook": "sync",
+        "namespace": "ml",
+        "name": "qwen-pd",
+        "generation": 1,
+        "children": 9,
+        "state": "initializing",
+        "outcome": "ok",
     }
     assert call["duration_ms"] > 0 and call["level"] == "info"
     assert any(line["logger"] == "gunicorn.error" and "Booting worker" in line["message"] for line in lines)
@@ -217,7 +228,7 @@ def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.Monkey
     def broken(request: Any) -> dict:
         raise FileNotFoundError(2, "No such file or directory", "/srv/hooks/secret/path.json")
 
-    monkeypatch.setattr(reconcile, "sync", broken)
+    monkeypatch.setitem(app_module.HOOK_TABLE, "sync", (broken, True))
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -237,8 +248,15 @@ def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.Monkey
 
 def big_graph(services: int) -> dict[str, Any]:
     obj = parent(PD)
-    workers = {f"w{i}": {"componentType": "worker", "role": "decode", "resources": {"gpu": 1, "memory": "64Gi"},
-                         "args": ["--model-path", "Qwen/Qwen3-0.6B"]} for i in range(services)}
+    workers = {
+        f"w{i}": {
+            "componentType": "worker",
+            "role": "decode",
+            "resources": {"gpu": 1, "memory": "64Gi"},
+            "args": ["--model-path", "Qwen/Qwen3-0.6B"],
+        }
+        for i in range(services)
+    }
     obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"], **workers}
     return obj
 
@@ -248,8 +266,11 @@ def test_sigterm_lets_in_flight_calls_finish() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([str(executable), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(executable), "serve", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = HookClient(f"http://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + 30
@@ -265,7 +286,8 @@ def test_sigterm_lets_in_flight_calls_finish() -> None:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as call:
             call.sendall(
                 b"POST /sync HTTP/1.1\r\nHost: hooks\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[: len(body) // 2]
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body[: len(body) // 2]
             )
             time.sleep(0.3)
             process.send_signal(signal.SIGTERM)
@@ -284,7 +306,9 @@ def test_sigterm_lets_in_flight_calls_finish() -> None:
 
 def test_sigterm_answers_the_calls_already_queued(tmp_path: Path) -> None:
     body = json.dumps(request_body(big_graph(200))).encode()
-    head = f"POST /sync HTTP/1.1\r\nHost: hooks\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST /sync HTTP/1.1\r\nHost: hooks\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     with running_server(tmp_path, workers=1) as server:
         port = int(server.url.rsplit(":", 1)[1])
         # Ten whole calls sent at once: the one worker renders them one after another (each

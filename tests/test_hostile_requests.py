@@ -36,8 +36,12 @@ class InProcess:
 def converged_requests() -> tuple[InProcess, dict[str, dict]]:
     hooks = InProcess()
     obj = parent(MOONCAKE)
-    obj["spec"]["patches"] = [{"target": {"kind": "Deployment", "name": "qwen-1p1d-server"},
-                               "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]}]
+    obj["spec"]["patches"] = [
+        {
+            "target": {"kind": "Deployment", "name": "qwen-1p1d-server"},
+            "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}],
+        }
+    ]
     mc = Metacontroller(hooks, obj)
     mc.converge()
     mc.mark_ready()
@@ -64,7 +68,9 @@ def mutated(body: dict, path: tuple, value: Any) -> dict:
 def test_a_wrong_value_anywhere_in_a_request_never_answers_500(converged_requests) -> None:
     hooks, bodies = converged_requests
     rng = random.Random(12)
-    cases = [(hook, path, value) for hook, body in bodies.items() for path in paths(body) if path for value in WRONG_VALUES]
+    cases = [
+        (hook, path, value) for hook, body in bodies.items() for path in paths(body) if path for value in WRONG_VALUES
+    ]
     failures = []
     for hook, path, value in rng.sample(cases, 3000):
         reply = hooks.post(hook, mutated(bodies[hook], path, value))
@@ -91,12 +97,17 @@ def test_every_path_of_the_spec_with_every_wrong_value(converged_requests) -> No
 SURROGATE = "holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text"
 BAD_REQUESTS = {
     "a lone surrogate in a value": (
-        b'{"parent": {"metadata": {"name": "x"}, "spec": {"image": "\\ud800"}}}', f"parent.spec.image {SURROGATE}",
+        b'{"parent": {"metadata": {"name": "x"}, "spec": {"image": "\\ud800"}}}',
+        f"parent.spec.image {SURROGATE}",
     ),
     "a lone surrogate in a key": (b'{"parent": {"metadata": {"\\udc00": 1}}}', f"parent.metadata.\\udc00 {SURROGATE}"),
     "observed labels that are not an object": (
-        json.dumps({"parent": {"metadata": {"name": "x"}},
-                    "children": {"Service.v1": {"ml/x": {"kind": "Service", "metadata": {"name": "x", "labels": "x"}}}}}).encode(),
+        json.dumps(
+            {
+                "parent": {"metadata": {"name": "x"}},
+                "children": {"Service.v1": {"ml/x": {"kind": "Service", "metadata": {"name": "x", "labels": "x"}}}},
+            }
+        ).encode(),
         "'children.Service.v1.ml/x' must be a Kubernetes object: a kind, a name, labels and annotations of strings, "
         "spec and status objects",
     ),
@@ -114,13 +125,19 @@ def test_a_valid_surrogate_pair_is_text(hooks: HookClient) -> None:
     body = json.dumps({"parent": parent(MOONCAKE), "children": {}}).replace('"image": "', '"image": "\\ud83d\\ude00', 1)
     reply = hooks.request("POST", "/sync", body.encode())
     assert reply.status == 200
-    images = {c["spec"]["template"]["spec"]["containers"][0]["image"] for c in reply.json["children"] if c["kind"] == "Deployment"}
+    images = {
+        c["spec"]["template"]["spec"]["containers"][0]["image"]
+        for c in reply.json["children"]
+        if c["kind"] == "Deployment"
+    }
     assert "\U0001f600" in "".join(images)  # one character again once the answer is decoded
 
 
 STRANGE_BUT_ANSWERABLE = {
     "controller spec that is not an object": lambda body: body["controller"].update(spec="x"),
-    "childResources entry with a list apiVersion": lambda body: body["controller"]["spec"]["childResources"][0].update(apiVersion=[]),
+    "childResources entry with a list apiVersion": lambda body: body["controller"]["spec"]["childResources"][0].update(
+        apiVersion=[]
+    ),
     "parent conditions that are not a list": lambda body: body["parent"].setdefault("status", {}).update(conditions=5),
 }
 
@@ -137,7 +154,9 @@ def test_odd_but_harmless_shapes_are_answered(converged_requests, case: str) -> 
 
 def test_a_wrong_type_in_extra_pod_spec_names_the_field(converged_requests) -> None:
     hooks, bodies = converged_requests
-    body = mutated(bodies["/sync"], ("parent", "spec", "services", "server", "extraPodSpec", "containers", 0, "name"), [])
+    body = mutated(
+        bodies["/sync"], ("parent", "spec", "services", "server", "extraPodSpec", "containers", 0, "name"), []
+    )
     status = hooks.post("/sync", body).get_json()["status"]
     assert status["state"] == "failed"
     assert status["message"] == "spec.services.server.extraPodSpec.containers[0].name: must be string"
@@ -151,7 +170,12 @@ def test_a_lone_surrogate_inside_an_observed_annotation_is_answered(converged_re
     body["parent"]["spec"]["backendFramework"] = "tensorrt"  # invalid: observed children are returned as last applied
     service = next(iter(body["children"]["Service.v1"].values()))
     service["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = json.dumps(
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": service["metadata"]["name"]}, "spec": {"x": "\ud800"}}
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": service["metadata"]["name"]},
+            "spec": {"x": "\ud800"},
+        }
     )
     reply = hooks.post("/sync", body)
     assert reply.status_code == 200

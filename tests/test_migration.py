@@ -41,7 +41,9 @@ def test_unlabelled_children_are_released_not_taken_over(hooks) -> None:
     before = {key: child["spec"] for key, child in mc.children.items() if "spec" in child}
     writes = mc.child_writes(mc.sync())
     assert sorted(writes) == sorted(("release", *key) for key in mc.children)
-    assert all("ownerReferences" not in c["metadata"] or not c["metadata"]["ownerReferences"] for c in mc.children.values())
+    assert all(
+        "ownerReferences" not in c["metadata"] or not c["metadata"]["ownerReferences"] for c in mc.children.values()
+    )
     assert {key: child["spec"] for key, child in mc.children.items() if "spec" in child} == before
     assert mc.parent["status"]["state"] == "initializing"  # the hook saw no child at all
     assert mc.child_writes(mc.sync()) == []
@@ -55,7 +57,9 @@ def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(h
     # the API server, refuses a workload's selector change), and takes over the rest in place.
     writes = mc.child_writes(mc.sync())
     workloads = [("Deployment", f"qwen-pd-{s}") for s in ("decode", "prefill", "server")] + [
-        ("StatefulSet", "qwen-pd-nats"), ("Service", "qwen-pd-nats"), ("Service", "qwen-pd-server"),
+        ("StatefulSet", "qwen-pd-nats"),
+        ("Service", "qwen-pd-nats"),
+        ("Service", "qwen-pd-server"),
     ]
     assert sorted(w for w in writes if w[0] == "delete") == sorted(("delete", *key) for key in workloads)
     assert {w[0] for w in writes} <= {"delete", "update"}
@@ -63,7 +67,9 @@ def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(h
     assert "Deployment qwen-pd-decode is being replaced: the selector changed from" in message
     assert "(spec.selector cannot change in place)" in message
     # The next sync creates them as this operator renders them, and the graph converges.
-    assert sorted(w for w in mc.child_writes(mc.sync()) if w[0] == "create") == sorted(("create", *key) for key in workloads)
+    assert sorted(w for w in mc.child_writes(mc.sync()) if w[0] == "create") == sorted(
+        ("create", *key) for key in workloads
+    )
     mc.converge()
     mc.mark_ready()
     mc.converge()

@@ -30,7 +30,9 @@ def lws_of(answer: dict[str, Any], name: str = "qwen-pd-decode") -> dict[str, An
 
 def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
     answer = sync_lws(hooks, multinode_pd(replicas=2))
-    kinds = sorted((c["kind"], c["metadata"]["name"]) for c in answer["children"] if "-disc" not in c["metadata"]["name"])
+    kinds = sorted(
+        (c["kind"], c["metadata"]["name"]) for c in answer["children"] if "-disc" not in c["metadata"]["name"]
+    )
     assert kinds == [
         ("Deployment", "qwen-pd-prefill"),
         ("Deployment", "qwen-pd-server"),
@@ -42,7 +44,10 @@ def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
     spec = lws_of(answer)["spec"]
     assert spec["replicas"] == 2
     assert spec["startupPolicy"] == "LeaderCreated"
-    assert spec["rolloutStrategy"] == {"type": "RollingUpdate", "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert spec["rolloutStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1},
+    }
     template = spec["leaderWorkerTemplate"]
     assert template["size"] == 2 and template["restartPolicy"] == "RecreateGroupOnPodRestart"
     # Nothing exists yet: no replica is there, whatever the spec asks.
@@ -74,7 +79,9 @@ def test_leader_keeps_readiness_and_workers_carry_none(hooks) -> None:
 
 def test_skip_readiness_probe_applies_to_the_leader(hooks) -> None:
     template = lws_of(sync_lws(hooks, multinode_pd(skipReadinessProbe=True)))["spec"]["leaderWorkerTemplate"]
-    assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(template["leaderTemplate"]["spec"]["containers"][0])
+    assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(
+        template["leaderTemplate"]["spec"]["containers"][0]
+    )
 
 
 def test_sglang_rendezvous_is_injected(hooks) -> None:
@@ -82,7 +89,12 @@ def test_sglang_rendezvous_is_injected(hooks) -> None:
     for rank in ("leaderTemplate", "workerTemplate"):
         command = template[rank]["spec"]["containers"][0]["command"]
         assert command[-6:] == [
-            "--nnodes", "4", "--node-rank", "$(LWS_WORKER_INDEX)", "--dist-init-addr", "$(LWS_LEADER_ADDRESS):5000",
+            "--nnodes",
+            "4",
+            "--node-rank",
+            "$(LWS_WORKER_INDEX)",
+            "--dist-init-addr",
+            "$(LWS_LEADER_ADDRESS):5000",
         ]
 
 
@@ -96,7 +108,13 @@ def test_sglang_rendezvous_is_injected(hooks) -> None:
 )
 def test_rendezvous_flags_the_user_sets_are_left_to_them(hooks, user_args: list[str], injected: list[str]) -> None:
     obj = multinode_pd()
-    obj["spec"]["services"]["decode"]["args"] = ["--model-path", "m", "--disaggregation-transfer-backend", "mori", *user_args]
+    obj["spec"]["services"]["decode"]["args"] = [
+        "--model-path",
+        "m",
+        "--disaggregation-transfer-backend",
+        "mori",
+        *user_args,
+    ]
     (main,) = lws_of(sync_lws(hooks, obj))["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]
     assert main["command"][main["command"].index("nats://qwen-pd-nats:4222") + 1 :] == injected
     assert main["args"][4:] == user_args
@@ -151,7 +169,12 @@ def test_unregistered_kind_keeps_that_service_and_renders_the_rest(hooks) -> Non
     mc.mark_ready()
     mc.converge()
     decode_before = mc.children[("Deployment", "qwen-pd-decode")]
-    mc.edit(lambda spec: (spec["services"]["decode"].update(numberOfNodes=2), spec["services"]["prefill"].update(replicas=2)))
+    mc.edit(
+        lambda spec: (
+            spec["services"]["decode"].update(numberOfNodes=2),
+            spec["services"]["prefill"].update(replicas=2),
+        )
+    )
     writes = mc.child_writes(mc.sync())
     # prefill is still reconciled; decode keeps its running Deployment and gets no LWS.
     assert writes == [("update", "Deployment", "qwen-pd-prefill")]
@@ -191,7 +214,10 @@ def test_changing_the_group_size_replaces_the_lws(hooks) -> None:
     mc.converge()
     mc.edit(lambda spec: spec["services"]["decode"].update(numberOfNodes=4))
     assert mc.child_writes(mc.sync()) == [("delete", "LeaderWorkerSet", "qwen-pd-decode")]
-    assert "LeaderWorkerSet qwen-pd-decode is being replaced: numberOfNodes changed from 2 to 4" in mc.parent["status"]["message"]
+    assert (
+        "LeaderWorkerSet qwen-pd-decode is being replaced: numberOfNodes changed from 2 to 4"
+        in mc.parent["status"]["message"]
+    )
     assert mc.child_writes(mc.sync()) == [("create", "LeaderWorkerSet", "qwen-pd-decode")]
     assert mc.children[("LeaderWorkerSet", "qwen-pd-decode")]["spec"]["leaderWorkerTemplate"]["size"] == 4
     mc.converge()

@@ -22,13 +22,29 @@ def child(answer: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
 
 
 def test_patch_adds_fields_the_api_does_not_model(hooks) -> None:
-    answer = hooks.sync(with_patches(
-        {"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-         "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"gpu.amd.com/family": "mi300x"}},
-                   {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "example.com/engine:v9"}]},
-        {"target": {"kind": "Service", "name": "qwen-pd-server"},
-         "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/lb": "internal"}}]},
-    ))
+    answer = hooks.sync(
+        with_patches(
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [
+                    {
+                        "op": "add",
+                        "path": "/spec/template/spec/nodeSelector",
+                        "value": {"gpu.amd.com/family": "mi300x"},
+                    },
+                    {
+                        "op": "replace",
+                        "path": "/spec/template/spec/containers/0/image",
+                        "value": "example.com/engine:v9",
+                    },
+                ],
+            },
+            {
+                "target": {"kind": "Service", "name": "qwen-pd-server"},
+                "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/lb": "internal"}}],
+            },
+        )
+    )
     decode = child(answer, "Deployment", "qwen-pd-decode")["spec"]["template"]["spec"]
     assert decode["nodeSelector"] == {"gpu.amd.com/family": "mi300x"}
     assert decode["containers"][0]["image"] == "example.com/engine:v9"
@@ -40,10 +56,17 @@ def test_patches_give_lws_ranks_their_own_commands(hooks) -> None:
     """The documented vLLM path: a Ray head on the leader, Ray workers on the other ranks."""
     need_schemas()
     obj = with_patches(
-        {"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
-         "patch": [{"op": "replace", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/command",
-                    "value": ["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"]},
-                   {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args"}]},
+        {
+            "target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
+            "patch": [
+                {
+                    "op": "replace",
+                    "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/command",
+                    "value": ["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"],
+                },
+                {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args"},
+            ],
+        },
     )
     as_vllm(obj)
     obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
@@ -57,24 +80,49 @@ def test_patches_give_lws_ranks_their_own_commands(hooks) -> None:
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        ({"target": {"kind": "Deployment", "name": "qwen-pd-nope"}, "patch": [{"op": "remove", "path": "/spec"}]},
-         "patches[0] (Deployment qwen-pd-nope): no such child is rendered; the children are: ServiceAccount qwen-pd-disc"),
-        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-          "patch": [{"op": "remove", "path": "/spec/template/spec/nodeSelector"}]},
-         "patches[0] (Deployment qwen-pd-decode): operation 0 (remove /spec/template/spec/nodeSelector): "
-         "can't remove a non-existent object 'nodeSelector'"),
-        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-          "patch": [{"op": "add", "path": "/spec/replicas", "value": 2}, {"op": "add", "path": "/spec/x/y", "value": 1}]},
-         "patches[0] (Deployment qwen-pd-decode): operation 1 (add /spec/x/y): path not found"),
-        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-          "patch": [{"op": "test", "path": "/spec/replicas", "value": 7}]},
-         "patches[0] (Deployment qwen-pd-decode): operation 0 (test /spec/replicas): "),
-        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-          "patch": [{"op": "replace", "path": "/metadata/name", "value": "other"}]},
-         "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity labels"),
-        ({"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-          "patch": [{"op": "remove", "path": "/metadata/labels/infera.amd.com~1service"}]},
-         "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity labels"),
+        (
+            {"target": {"kind": "Deployment", "name": "qwen-pd-nope"}, "patch": [{"op": "remove", "path": "/spec"}]},
+            "patches[0] (Deployment qwen-pd-nope): no such child is rendered; the children are: ServiceAccount qwen-pd-disc",
+        ),
+        (
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [{"op": "remove", "path": "/spec/template/spec/nodeSelector"}],
+            },
+            "patches[0] (Deployment qwen-pd-decode): operation 0 (remove /spec/template/spec/nodeSelector): "
+            "can't remove a non-existent object 'nodeSelector'",
+        ),
+        (
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [
+                    {"op": "add", "path": "/spec/replicas", "value": 2},
+                    {"op": "add", "path": "/spec/x/y", "value": 1},
+                ],
+            },
+            "patches[0] (Deployment qwen-pd-decode): operation 1 (add /spec/x/y): path not found",
+        ),
+        (
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [{"op": "test", "path": "/spec/replicas", "value": 7}],
+            },
+            "patches[0] (Deployment qwen-pd-decode): operation 0 (test /spec/replicas): ",
+        ),
+        (
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [{"op": "replace", "path": "/metadata/name", "value": "other"}],
+            },
+            "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity labels",
+        ),
+        (
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [{"op": "remove", "path": "/metadata/labels/infera.amd.com~1service"}],
+            },
+            "patches[0] (Deployment qwen-pd-decode): a patch must not change apiVersion, kind, metadata.name or the identity labels",
+        ),
     ],
     ids=["missing-target", "missing-member", "missing-path", "failed-test", "renames", "drops-identity-label"],
 )
@@ -91,10 +139,15 @@ def test_patch_that_does_not_apply_fails_and_keeps_children(hooks, patch: dict, 
 
 
 def test_removing_a_patch_reverts_the_child(hooks) -> None:
-    mc = Metacontroller(hooks, with_patches(
-        {"target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-         "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"pool": "a"}}]},
-    ))
+    mc = Metacontroller(
+        hooks,
+        with_patches(
+            {
+                "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+                "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"pool": "a"}}],
+            },
+        ),
+    )
     mc.converge()
     mc.edit(lambda spec: spec.pop("patches"))
     assert mc.child_writes(mc.sync()) == [("update", "Deployment", "qwen-pd-decode")]

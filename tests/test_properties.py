@@ -44,13 +44,19 @@ def service(component: str) -> st.SearchStrategy[dict[str, Any]]:
         "image": st.sampled_from(["engine:v1", "example.com/engine:v2"]),
         "resources": resources(component),
         "args": st.lists(
-            st.sampled_from([["--tp-size", "2"], ["--drain-timeout", "45"], ["--drain-timeout=7.5"], ["--trust-remote-code"]]),
+            st.sampled_from(
+                [["--tp-size", "2"], ["--drain-timeout", "45"], ["--drain-timeout=7.5"], ["--trust-remote-code"]]
+            ),
             max_size=3,
         ).map(lambda groups: [arg for group in groups for arg in group]),
         "env": env_vars,
         "skipReadinessProbe": st.booleans(),
-        "podLabels": st.dictionaries(st.sampled_from(["team", "infera.amd.com/tier", "rack"]), label_values, max_size=2),
-        "podAnnotations": st.dictionaries(st.sampled_from(["note", "infera.amd.com/owner"]), st.text(max_size=5), max_size=2),
+        "podLabels": st.dictionaries(
+            st.sampled_from(["team", "infera.amd.com/tier", "rack"]), label_values, max_size=2
+        ),
+        "podAnnotations": st.dictionaries(
+            st.sampled_from(["note", "infera.amd.com/owner"]), st.text(max_size=5), max_size=2
+        ),
     }
     if component == "worker":
         optional["role"] = st.sampled_from(["mixed", "prefill", "decode"])
@@ -90,7 +96,9 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def idep(spec: dict[str, Any]) -> dict[str, Any]:
-    return parent({"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec})
+    return parent(
+        {"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec}
+    )
 
 
 @SETTINGS
@@ -98,11 +106,11 @@ def idep(spec: dict[str, Any]) -> dict[str, Any]:
 def test_valid_specs_render_valid_children_and_converge(hooks, spec: dict[str, Any]) -> None:
     mc = Metacontroller(hooks, idep(spec), composite=controller("lws"))
     mc.converge()
-    assert mc.parent["status"]["state"] == "pending" or not any(
-        s.get("replicas", 1) for s in spec["services"].values()
-    )
-    workloads = {("LeaderWorkerSet" if svc.get("numberOfNodes", 1) > 1 else "Deployment", f"gen-{name}")
-                 for name, svc in spec["services"].items()}
+    assert mc.parent["status"]["state"] == "pending" or not any(s.get("replicas", 1) for s in spec["services"].values())
+    workloads = {
+        ("LeaderWorkerSet" if svc.get("numberOfNodes", 1) > 1 else "Deployment", f"gen-{name}")
+        for name, svc in spec["services"].items()
+    }
     assert workloads <= set(mc.children)
     mc.mark_ready()
     mc.converge()
@@ -116,8 +124,21 @@ JSON = st.recursive(
     max_leaves=8,
 )
 SPEC_FIELDS = ["backendFramework", "image", "discoveryBackend", "etcdEndpoint", "nats", "gaie", "envs", "patches"]
-SERVICE_FIELDS = ["componentType", "role", "replicas", "numberOfNodes", "port", "resources", "args", "env",
-                  "skipReadinessProbe", "extraPodSpec", "podLabels", "podAnnotations", "bogus"]
+SERVICE_FIELDS = [
+    "componentType",
+    "role",
+    "replicas",
+    "numberOfNodes",
+    "port",
+    "resources",
+    "args",
+    "env",
+    "skipReadinessProbe",
+    "extraPodSpec",
+    "podLabels",
+    "podAnnotations",
+    "bogus",
+]
 
 
 @st.composite
@@ -146,7 +167,10 @@ def test_mutated_specs_never_500_and_fail_loudly_keeping_children(hooks, spec: d
     status = answer["status"]
     conditions = {c["type"]: c for c in status.get("conditions", [])}
     key = lambda child: (child["kind"], child["metadata"]["name"])  # noqa: E731
-    kept = {key(c): json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"]) for c in observed}
+    kept = {
+        key(c): json.loads(c["metadata"]["annotations"]["metacontroller.k8s.io/last-applied-configuration"])
+        for c in observed
+    }
     if conditions["SpecValid"]["status"] == "False":
         assert status["state"] == "failed" and status["message"].strip()
         assert sorted(answer["children"], key=key) == sorted(kept.values(), key=key)
@@ -182,8 +206,12 @@ def test_arbitrary_bodies_never_500(hooks, body: Any, parent_value: Any, path: s
 
 
 @SETTINGS
-@given(raw=st.binary(max_size=200), content_type=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", ""]),
-       method=st.sampled_from(["POST", "PUT", "GET", "DELETE"]), path=st.sampled_from(["/sync", "/finalize", "/customize", "/x"]))
+@given(
+    raw=st.binary(max_size=200),
+    content_type=st.sampled_from(["application/json", "text/plain", "application/json; charset=utf-8", ""]),
+    method=st.sampled_from(["POST", "PUT", "GET", "DELETE"]),
+    path=st.sampled_from(["/sync", "/finalize", "/customize", "/x"]),
+)
 def test_arbitrary_bytes_never_500(hooks, raw: bytes, content_type: str, method: str, path: str) -> None:
     reply = hooks.request(method, path, raw if method != "GET" else None, content_type=content_type or None)
     assert reply.status in (200, 400, 404, 405, 415), reply.body

@@ -52,7 +52,8 @@ def test_rejects_values_the_server_would_clamp(huge: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "written", ["1000m", "1024Mi", "0.5Ki", "1.953125Ki", "0.1Ki", "1500", "2000", "1e3", "1E", "7Ei", "123456789n", "3.5"]
+    "written",
+    ["1000m", "1024Mi", "0.5Ki", "1.953125Ki", "0.1Ki", "1500", "2000", "1e3", "1E", "7Ei", "123456789n", "3.5"],
 )
 def test_output_is_a_fixed_point(written: str) -> None:
     stored = canonical_quantity(written)

@@ -55,6 +55,7 @@ def test_curl_request_body_matches_the_example_and_bundle() -> None:
 
 # --- "What runs in each pod" is what the hook renders -----------------------------------------
 
+
 def pod_section() -> str:
     return README.split("### What runs in each pod", 1)[1].split("\n### ", 1)[0]
 
@@ -62,8 +63,10 @@ def pod_section() -> str:
 def table(text: str) -> list[list[str]]:
     """The rows of the first Markdown table in `text` (header and separator dropped)."""
     lines = text[text.index("\n|") + 1 :].splitlines()
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[: next(
-        (i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in lines[: next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    ]
     return rows[2:]
 
 
@@ -75,7 +78,7 @@ def words(cell: str, values: dict[str, str]) -> list[str]:
 
 def test_what_runs_in_each_pod_is_what_the_hook_renders(hooks) -> None:
     """Each injected command is the README's start, then its rows in their order: no more, no less."""
-    from tests.conftest import parent, need_schemas
+    from tests.conftest import need_schemas, parent
 
     need_schemas()
     section = pod_section()
@@ -85,7 +88,9 @@ def test_what_runs_in_each_pod_is_what_the_hook_renders(hooks) -> None:
     for discovery in ("kubernetes", "etcd"):
         for nats in (True, False):
             spec = {
-                "image": "rocm/infera:v0.2.10", "discoveryBackend": discovery, "nats": {"deploy": nats},
+                "image": "rocm/infera:v0.2.10",
+                "discoveryBackend": discovery,
+                "nats": {"deploy": nats},
                 "gaie": {"enabled": True, "tokenizerPath": "tok", "gatewayName": "gw", "frontendPort": 8100},
                 "services": {
                     "server": {"componentType": "server", "args": ["--router-tokenizer-path", "tok"]},
@@ -95,7 +100,14 @@ def test_what_runs_in_each_pod_is_what_the_hook_renders(hooks) -> None:
             }
             if discovery == "etcd":
                 spec["etcdEndpoint"] = "etcd:2379"
-            obj = parent({"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "idep"}, "spec": spec})
+            obj = parent(
+                {
+                    "apiVersion": "infera.amd.com/v1alpha1",
+                    "kind": "InferaDeployment",
+                    "metadata": {"name": "idep"},
+                    "spec": spec,
+                }
+            )
             answer = hooks.sync(obj)
             assert answer["status"]["state"] == "initializing", answer["status"]["message"]
             applies = {
@@ -111,16 +123,37 @@ def test_what_runs_in_each_pod_is_what_the_hook_renders(hooks) -> None:
             seen = set()
             for child in answer["children"]:
                 group = child.get("spec", {}).get("leaderWorkerTemplate", {})
-                templates = [child["spec"]["template"]] if child["kind"] == "Deployment" else (
-                    [group["leaderTemplate"], group["workerTemplate"]] if child["kind"] == "LeaderWorkerSet" else [])
+                templates = (
+                    [child["spec"]["template"]]
+                    if child["kind"] == "Deployment"
+                    else (
+                        [group["leaderTemplate"], group["workerTemplate"]] if child["kind"] == "LeaderWorkerSet" else []
+                    )
+                )
                 for template in templates:
                     service = template["metadata"]["labels"]["infera.amd.com/service"]
                     for container in template["spec"]["containers"]:
                         process = {"infera-frontend": "GAIE frontend", "epp": "Endpoint Picker"}.get(
-                            container["name"], "worker" if template["metadata"]["labels"].get("infera.amd.com/component") == "worker" else "server")
-                        port = {"server": "8000", "tp": "31000"}.get(service, "30000") if container["name"] == "infera" else "8100"
-                        values = {"idep": "idep", "port": port, "backend": "sglang", "frontendPort": "8100", "tokenizerPath": "tok",
-                                  "etcdEndpoint": "etcd:2379", "role": "prefill", "N": "2"}
+                            container["name"],
+                            "worker"
+                            if template["metadata"]["labels"].get("infera.amd.com/component") == "worker"
+                            else "server",
+                        )
+                        port = (
+                            {"server": "8000", "tp": "31000"}.get(service, "30000")
+                            if container["name"] == "infera"
+                            else "8100"
+                        )
+                        values = {
+                            "idep": "idep",
+                            "port": port,
+                            "backend": "sglang",
+                            "frontendPort": "8100",
+                            "tokenizerPath": "tok",
+                            "etcdEndpoint": "etcd:2379",
+                            "role": "prefill",
+                            "N": "2",
+                        }
                         expected = words(starts[process], values)
                         for row in rows:
                             if applies[row[0]](service):

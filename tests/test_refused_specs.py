@@ -98,7 +98,9 @@ def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontrol
     key = "k" * 100_000 + "\n"
     message = refusal(converged, lambda spec: spec["services"]["decode"].update(podLabels={key: "a"}))
     assert message == (
-        "invalid spec: spec.services.decode.podLabels: '" + "k" * 99 + "... (100,004 characters) is not a valid label or "
+        "invalid spec: spec.services.decode.podLabels: '"
+        + "k" * 99
+        + "... (100,004 characters) is not a valid label or "
         "annotation key (e.g. example.com/team)"
     )
     # However many things it lists, a message is cut to 2048 characters, saying so.
@@ -133,7 +135,9 @@ REFUSED_BY_THE_API_SERVER = {
         EPS + "spec.template.spec.containers[0].ports[0].containerPort: 70000 is not a port number (1-65535)",
     ),
     "extraPodSpec port name too long": (
-        extra("decode", containers=[{"name": "main", "ports": [{"containerPort": 9000, "name": "metrics-endpoint-x"}]}]),
+        extra(
+            "decode", containers=[{"name": "main", "ports": [{"containerPort": 9000, "name": "metrics-endpoint-x"}]}]
+        ),
         EPS + "spec.template.spec.containers[0].ports[0].name: 'metrics-endpoint-x' is not a valid port name "
         "(at most 15 lower-case letters, digits and '-', with a letter, no '--')",
     ),
@@ -155,7 +159,10 @@ REFUSED_BY_THE_API_SERVER = {
         "spec.services.decode.extraPodSpec.containers[0].env[0].valueFrom: unknown field 'garbage'",
     ),
     "extraPodSpec unknown fields, named in a stable order": (
-        extra("decode", containers=[{"name": "main", "env": [{"name": "A", "valueFrom": {"zz": 1, "garbage": 1, "aa": 1}}]}]),
+        extra(
+            "decode",
+            containers=[{"name": "main", "env": [{"name": "A", "valueFrom": {"zz": 1, "garbage": 1, "aa": 1}}]}],
+        ),
         "spec.services.decode.extraPodSpec.containers[0].env[0].valueFrom: unknown fields 'aa', 'garbage', 'zz'",
     ),
     "extraPodSpec mount of a missing volume": (
@@ -205,8 +212,11 @@ REFUSED_BY_THE_API_SERVER = {
         "invalid spec: spec.image: String should match pattern '^\\S*$'",
     ),
     "patch that breaks the selector": (
-        patch("Deployment", "qwen-pd-decode",
-              {"op": "replace", "path": "/spec/template/metadata/labels/infera.amd.com~1service", "value": "other"}),
+        patch(
+            "Deployment",
+            "qwen-pd-decode",
+            {"op": "replace", "path": "/spec/template/metadata/labels/infera.amd.com~1service", "value": "other"},
+        ),
         PATCHED + "spec.template.metadata.labels: do not match spec.selector",
     ),
     "patch that removes the template": (
@@ -214,7 +224,11 @@ REFUSED_BY_THE_API_SERVER = {
         PATCHED + "spec: must contain ['template'] properties",
     ),
     "patch that makes a rollout impossible": (
-        patch("Deployment", "qwen-pd-decode", {"op": "replace", "path": "/spec/strategy/rollingUpdate/maxUnavailable", "value": 0}),
+        patch(
+            "Deployment",
+            "qwen-pd-decode",
+            {"op": "replace", "path": "/spec/strategy/rollingUpdate/maxUnavailable", "value": 0},
+        ),
         PATCHED + "spec.strategy.rollingUpdate.maxUnavailable: may not be 0 while maxSurge is 0",
     ),
     "patch with a string replica count": (
@@ -231,13 +245,26 @@ REFUSED_BY_THE_API_SERVER = {
         PATCHED + "metadata.annotations: must be object or null",
     ),
     "patch with a huge invalid label value, quoted short": (
-        patch("Deployment", "qwen-pd-decode", {"op": "add", "path": "/spec/template/metadata/labels/example.com~1x", "value": "!" * 100_000}),
-        PATCHED + "spec.template.metadata.labels.example.com/x: '" + "!" * 99 + "... (100,002 characters) is not a valid label "
+        patch(
+            "Deployment",
+            "qwen-pd-decode",
+            {"op": "add", "path": "/spec/template/metadata/labels/example.com~1x", "value": "!" * 100_000},
+        ),
+        PATCHED
+        + "spec.template.metadata.labels.example.com/x: '"
+        + "!" * 99
+        + "... (100,002 characters) is not a valid label "
         "value (at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)",
     ),
     "patch on a Service port": (
-        lambda spec: spec.update(patches=[{"target": {"kind": "Service", "name": "qwen-pd-server"},
-                                           "patch": [{"op": "replace", "path": "/spec/ports/0/port", "value": 0}]}]),
+        lambda spec: spec.update(
+            patches=[
+                {
+                    "target": {"kind": "Service", "name": "qwen-pd-server"},
+                    "patch": [{"op": "replace", "path": "/spec/ports/0/port", "value": 0}],
+                }
+            ]
+        ),
         "patches[0] (Service qwen-pd-server): the API server would refuse the patched Service: "
         "spec.ports[0].port: 0 is not a port number (1-65535)",
     ),
@@ -257,7 +284,9 @@ def test_committed_kubernetes_schema_is_what_the_generator_prints() -> None:
 
 def test_a_patch_may_set_a_field_newer_than_the_shipped_schemas(hooks: HookClient) -> None:
     obj = parent(PD)
-    patch("Deployment", "qwen-pd-decode", {"op": "add", "path": "/spec/template/spec/hostnameOverride", "value": "d"})(obj["spec"])
+    patch("Deployment", "qwen-pd-decode", {"op": "add", "path": "/spec/template/spec/hostnameOverride", "value": "d"})(
+        obj["spec"]
+    )
     # Not hooks.sync: the test suite's own validation is Kubernetes 1.33's, which lacks the field.
     answer = hooks.hook_raw("/sync", request_body(obj))
     assert answer["status"]["state"] != "failed", answer["status"]["message"]

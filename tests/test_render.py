@@ -61,11 +61,14 @@ def test_an_invalid_spec_exits_non_zero_with_the_hooks_message() -> None:
 def test_file_and_yaml_errors_are_one_line() -> None:
     missing = render("/no/such/file.yaml")
     assert (missing.returncode, missing.stdout, missing.stderr) == (
-        1, "", "infera-hooks render: /no/such/file.yaml: No such file or directory\n",
+        1,
+        "",
+        "infera-hooks render: /no/such/file.yaml: No such file or directory\n",
     )
     broken = render("-", stdin="a: [\n")
     assert (broken.returncode, broken.stderr) == (
-        1, "infera-hooks render: -: not valid YAML (line 2, column 1): expected the node content, but found '<stream end>'\n",
+        1,
+        "infera-hooks render: -: not valid YAML (line 2, column 1): expected the node content, but found '<stream end>'\n",
     )
     nothing = render("-", stdin="kind: ConfigMap\n")
     assert nothing.stderr == "infera-hooks render: -: no InferaDeployment found\n"

@@ -34,7 +34,9 @@ def replace_a_worker(server: RunningServer, sig: signal.Signals) -> None:
     before = server.workers()
     victim = before[0]
     os.kill(victim, sig)
-    wait_for(lambda: victim not in server.workers() and len(server.workers()) == len(before), what="a replacement worker")
+    wait_for(
+        lambda: victim not in server.workers() and len(server.workers()) == len(before), what="a replacement worker"
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -92,7 +94,11 @@ def plane_children() -> list[dict]:
     from hooks.contract import parse_request
 
     answer = reconcile.sync(parse_request(request_body(parent(PD))))
-    return [child for child in answer["children"] if child["metadata"]["labels"]["infera.amd.com/service"] in ("nats", "disc")]
+    return [
+        child
+        for child in answer["children"]
+        if child["metadata"]["labels"]["infera.amd.com/service"] in ("nats", "disc")
+    ]
 
 
 def test_a_finalize_that_waits_on_the_clock_is_never_answered_from_the_cache(tmp_path: Path) -> None:
@@ -180,7 +186,8 @@ def test_the_most_patch_operations_allowed_apply_quickly_and_more_are_refused(ho
     patches = [
         {
             "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-            "patch": (annotate if p == 0 else []) + [
+            "patch": (annotate if p == 0 else [])
+            + [
                 {"op": "add", "path": f"/metadata/annotations/example.com~1k{p}-{i}", "value": "v"}
                 for i in range(100 - (p == 0))
             ],
@@ -193,7 +200,10 @@ def test_the_most_patch_operations_allowed_apply_quickly_and_more_are_refused(ho
     assert len(decode["metadata"]["annotations"]) == 100 * 100 - 1
 
     refused = hooks.hook("/sync", request_body(with_patches(*patches, patches[1])))
-    assert refused["status"]["message"] == "invalid spec: spec.patches: List should have at most 100 items after validation, not 101"
+    assert (
+        refused["status"]["message"]
+        == "invalid spec: spec.patches: List should have at most 100 items after validation, not 101"
+    )
     too_long = dict(patches[1], patch=patches[1]["patch"] * 2)
     refused = hooks.hook("/sync", request_body(with_patches(too_long)))
     assert refused["status"]["message"] == (
@@ -228,7 +238,8 @@ def test_dead_workers_counts_are_kept_in_one_file_per_type(tmp_path: Path) -> No
     assert samples['infera_hook_requests_total{hook="sync",outcome="ok"}'] == calls == 18
     assert samples['infera_hook_duration_seconds_count{hook="sync",outcome="ok"}'] == 18
     assert [name for name in files if not name.split("_")[1].split(".")[0].isdigit()] == [
-        "counter_merged.db", "histogram_merged.db",
+        "counter_merged.db",
+        "histogram_merged.db",
     ]
     assert len(files) <= 2 + 2 * 2  # plus the live workers' own
 
@@ -254,8 +265,12 @@ def small_graph(index: int) -> dict:
 
     obj = json.loads(json.dumps(READINESS_PROBE_REQUEST["parent"]))
     del obj["spec"]["patches"]  # they name the probe's own children
-    obj["metadata"] = {"name": f"inference-graph-{index:05d}-qwen3-0-6b", "namespace": f"team-{index % 100:03d}-inference",
-                       "generation": 1, "uid": f"uid-{index}"}
+    obj["metadata"] = {
+        "name": f"inference-graph-{index:05d}-qwen3-0-6b",
+        "namespace": f"team-{index % 100:03d}-inference",
+        "generation": 1,
+        "uid": f"uid-{index}",
+    }
     if index % 3 == 0:
         obj["spec"]["backendFramework"] = "tensorrt"  # failed: a state too
     return obj
@@ -280,8 +295,11 @@ def test_ten_thousand_inferadeployments_stay_within_the_metrics_budget(tmp_path:
             assert set(pool.map(lambda i: call("/sync", i), range(FLEET))) == {200}
             directory = metrics_directory(scratch)
             used = stored_bytes(directory)
-            states = [line for line in client.request("GET", "/metrics").body.decode().splitlines()
-                      if line.startswith("infera_inferadeployment_state{")]
+            states = [
+                line
+                for line in client.request("GET", "/metrics").body.decode().splitlines()
+                if line.startswith("infera_inferadeployment_state{")
+            ]
             assert len(states) == FLEET
             assert sum(line.endswith('state="failed"} 1.0') for line in states) == len(range(0, FLEET, 3))
             assert used <= METRICS_BUDGET_BYTES, f"{used:,} bytes for {FLEET:,} InferaDeployments"
@@ -319,7 +337,7 @@ def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> No
                 if stop.wait(0.1):
                     return
                 try:
-                    connection.sendall(data[offset:offset + 1])
+                    connection.sendall(data[offset : offset + 1])
                 except OSError:
                     return  # disconnected by the server: what a deadline does
 

@@ -18,7 +18,6 @@ decisions each `__main__` takes from the result must hold in the rendered graph:
 
 import copy
 import json
-import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -72,8 +71,10 @@ class Started:
 
     @property
     def listens_on(self) -> int:
-        return self.args.server_args.port if self.module == runtime.SGLANG else (
-            self.args.grpc_port if self.module == runtime.EPP else self.args.port
+        return (
+            self.args.server_args.port
+            if self.module == runtime.SGLANG
+            else (self.args.grpc_port if self.module == runtime.EPP else self.args.port)
         )
 
 
@@ -112,9 +113,17 @@ class Graph:
         """The verbs on pods that `account`'s RoleBindings grant in the namespace."""
         verbs: set[str] = set()
         for child in self.children:
-            if child["kind"] == "RoleBinding" and {"kind": "ServiceAccount", "name": account, "namespace": self.namespace} in child["subjects"]:
+            if (
+                child["kind"] == "RoleBinding"
+                and {"kind": "ServiceAccount", "name": account, "namespace": self.namespace} in child["subjects"]
+            ):
                 role = self.by_key.get(("Role", child["roleRef"]["name"]), {"rules": []})
-                verbs |= {v for rule in role["rules"] if "pods" in rule["resources"] and "" in rule["apiGroups"] for v in rule["verbs"]}
+                verbs |= {
+                    v
+                    for rule in role["rules"]
+                    if "pods" in rule["resources"] and "" in rule["apiGroups"]
+                    for v in rule["verbs"]
+                }
         return verbs
 
     def managed_nats(self) -> str | None:
@@ -154,7 +163,11 @@ class Graph:
             self.problems.append(f"routers and workers use different KV-event transports: {sorted(kv_planes)}")
         # Routers and workers must meet: the same etcd prefix, the same namespace to watch.
         for setting in ("etcd_prefix", "k8s_namespace"):
-            values = {getattr(p.args, setting) for p in self.processes if p.args.discovery_backend == ("etcd" if setting == "etcd_prefix" else "kubernetes")}
+            values = {
+                getattr(p.args, setting)
+                for p in self.processes
+                if p.args.discovery_backend == ("etcd" if setting == "etcd_prefix" else "kubernetes")
+            }
             if len(values) > 1:
                 self.problems.append(f"processes disagree on {setting}: {sorted(map(str, values))}")
         self.check_pod_ports()
@@ -177,7 +190,11 @@ class Graph:
         pickers = [p for p in self.processes if p.module == runtime.EPP]
         if len(pickers) != 1:
             self.problems.append(f"{len(pickers)} Endpoint Pickers run, not one")
-        fronted = {p.pod.facts.name for p in self.processes if p.module == runtime.SERVER and p.pod.labels.get("infera.amd.com/component") == "worker"}
+        fronted = {
+            p.pod.facts.name
+            for p in self.processes
+            if p.module == runtime.SERVER and p.pod.labels.get("infera.amd.com/component") == "worker"
+        }
         for pod in self.worker_pods():
             if pod.facts.lws.get("LWS_WORKER_INDEX", "0") == "0" and pod.facts.name not in fronted:
                 self.problems.append(f"{pod.owner} ({pod.facts.name}) serves a worker without a GAIE frontend")
@@ -208,7 +225,8 @@ class Graph:
     def check_nats(self, process: Started) -> None:
         args = process.args
         uses = getattr(args, "request_transport", None) == "nats" or (
-            args.kv_event_transport == "nats" and (not process.is_worker or args.enable_kv_events)
+            args.kv_event_transport == "nats"
+            and (not process.is_worker or args.enable_kv_events)
             and (process.is_worker or args.router_policy == "kv-aware")
         )
         if not uses:
@@ -249,17 +267,26 @@ class Graph:
             if process.module == runtime.SGLANG:
                 preflight.validate_sglang_transport(
                     getattr(args.server_args, "disaggregation_transfer_backend", None),
-                    is_disagg=is_disagg, allow_tcp=args.disaggregation_allow_tcp,
+                    is_disagg=is_disagg,
+                    allow_tcp=args.disaggregation_allow_tcp,
                 )
             else:
-                preflight.validate_vllm_transport(args.disagg_meta, is_disagg=is_disagg, allow_tcp=args.disaggregation_allow_tcp)
+                preflight.validate_vllm_transport(
+                    args.disagg_meta, is_disagg=is_disagg, allow_tcp=args.disaggregation_allow_tcp
+                )
         except preflight.DisaggPreflightError as error:
             self.fail(process, f"refused by the disaggregation preflight: {error}")
         lws = pod.facts.lws
         if lws and process.module == runtime.SGLANG:  # every rank must join its group
             server_args = args.server_args
-            if (server_args.nnodes, server_args.node_rank) != (int(lws["LWS_GROUP_SIZE"]), int(lws["LWS_WORKER_INDEX"])):
-                self.fail(process, f"rank {server_args.node_rank} of {server_args.nnodes}, not {lws['LWS_WORKER_INDEX']} of {lws['LWS_GROUP_SIZE']}")
+            if (server_args.nnodes, server_args.node_rank) != (
+                int(lws["LWS_GROUP_SIZE"]),
+                int(lws["LWS_WORKER_INDEX"]),
+            ):
+                self.fail(
+                    process,
+                    f"rank {server_args.node_rank} of {server_args.nnodes}, not {lws['LWS_WORKER_INDEX']} of {lws['LWS_GROUP_SIZE']}",
+                )
             if (server_args.dist_init_addr or "").rsplit(":", 1)[0] != lws["LWS_LEADER_ADDRESS"]:
                 self.fail(process, f"rendezvous at {server_args.dist_init_addr}, not the group leader")
 
@@ -276,15 +303,24 @@ class Graph:
             service = self.by_key[("Service", f"{self.name}-{process.service}")]
             if [p["targetPort"] for p in service["spec"]["ports"]] != [port]:
                 self.fail(process, f"its Service sends traffic to {service['spec']['ports']}, it listens on {port}")
-        if process.module == runtime.SERVER and (self.spec.get("gaie") or {}).get("enabled") and process.args.router_mode != "direct":
+        if (
+            process.module == runtime.SERVER
+            and (self.spec.get("gaie") or {}).get("enabled")
+            and process.args.router_mode != "direct"
+        ):
             self.fail(process, "a router behind the Inference Gateway must trust the EPP's pick (--router-mode direct)")
         if process.module == runtime.SERVER and component == "worker" and port != self.pool_port():
             self.fail(process, f"the frontend listens on {port}, the InferencePool targets {self.pool_port()}")
         if process.module == runtime.EPP:
             if process.args.destination_port != self.pool_port():
-                self.fail(process, f"sends the gateway to port {process.args.destination_port}, the pool is on {self.pool_port()}")
+                self.fail(
+                    process,
+                    f"sends the gateway to port {process.args.destination_port}, the pool is on {self.pool_port()}",
+                )
             if container["readinessProbe"]["grpc"]["port"] != process.args.grpc_health_port:
-                self.fail(process, f"serves gRPC health on {process.args.grpc_health_port}, its probe checks another port")
+                self.fail(
+                    process, f"serves gRPC health on {process.args.grpc_health_port}, its probe checks another port"
+                )
 
 
 def listening_ports(process: Started) -> list[int]:
@@ -359,7 +395,15 @@ GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"
         pd(gaie={**GAIE, "frontendPort": 8123}),
         pd(gaie={**GAIE, "frontendPort": 9000}, nats={"deploy": False}, discoveryBackend="etcd", etcdEndpoint="e:1"),
     ],
-    ids=["etcd", "nats-off", "etcd-nats-off", "vllm-pd", "vllm-pd-etcd-nats-off", "gaie-frontend-port", "gaie-etcd-nats-off"],
+    ids=[
+        "etcd",
+        "nats-off",
+        "etcd-nats-off",
+        "vllm-pd",
+        "vllm-pd-etcd-nats-off",
+        "gaie-frontend-port",
+        "gaie-etcd-nats-off",
+    ],
 )
 def test_combination_starts(hooks, idep: dict[str, Any]) -> None:
     assert_starts(hooks, idep)
@@ -376,6 +420,7 @@ def test_multinode_sglang_behind_the_gateway_starts(hooks) -> None:
 
 
 # --- the checker finds what the issue found ----------------------------------------------------
+
 
 def tampered(hooks, idep: dict[str, Any], kind: str, name: str, change) -> list[str]:
     """The problems of the rendered graph after `change(container)` on one child's primary."""
@@ -397,27 +442,83 @@ def replace_flags(old: list[str], new: list[str]):
 @pytest.mark.parametrize(
     ("idep", "kind", "name", "old", "new", "problem"),
     [
-        (pd(), "Deployment", "qwen-pd-decode", ["--discovery-backend", "kubernetes"],
-         ["--discovery-backend", "kubernetes", "--k8s-label-selector", "infera.amd.com/deployment=qwen-pd"],
-         "unrecognized arguments: --k8s-label-selector"),
-        (pd(gaie=GAIE), "Deployment", "qwen-pd-epp", ["--router-tokenizer-path"], ["--tokenizer-path"],
-         "the following arguments are required: --router-tokenizer-path"),
-        (pd(discoveryBackend="etcd", etcdEndpoint="e:1"), "Deployment", "qwen-pd-server",
-         ["--discovery-backend", "etcd"], [], "discovers through kubernetes, the graph through etcd"),
-        (pd(discoveryBackend="etcd", etcdEndpoint="e:1"), "Deployment", "qwen-pd-decode",
-         ["--advertise-host", "$(POD_IP)"], [], "registers '0.0.0.0', not its Pod IP"),
-        (pd(nats={"deploy": False}), "Deployment", "qwen-pd-prefill",
-         ["--request-transport", "http", "--kv-event-transport", "zmq"], [],
-         "uses NATS at nats://127.0.0.1:4222, but the graph's broker is None"),
-        (as_vllm(pd()), "Deployment", "qwen-pd-decode", ["--discovery-backend", "kubernetes"],
-         ["--discovery-backend", "kubernetes", "--disaggregation-mode", "decode"], "unrecognized arguments: --disaggregation-mode"),
-        (pd(gaie={**GAIE, "frontendPort": 8100}), "Deployment", "qwen-pd-epp", ["--destination-port", "8100"], [],
-         "sends the gateway to port 8000, the pool is on 8100"),
+        (
+            pd(),
+            "Deployment",
+            "qwen-pd-decode",
+            ["--discovery-backend", "kubernetes"],
+            ["--discovery-backend", "kubernetes", "--k8s-label-selector", "infera.amd.com/deployment=qwen-pd"],
+            "unrecognized arguments: --k8s-label-selector",
+        ),
+        (
+            pd(gaie=GAIE),
+            "Deployment",
+            "qwen-pd-epp",
+            ["--router-tokenizer-path"],
+            ["--tokenizer-path"],
+            "the following arguments are required: --router-tokenizer-path",
+        ),
+        (
+            pd(discoveryBackend="etcd", etcdEndpoint="e:1"),
+            "Deployment",
+            "qwen-pd-server",
+            ["--discovery-backend", "etcd"],
+            [],
+            "discovers through kubernetes, the graph through etcd",
+        ),
+        (
+            pd(discoveryBackend="etcd", etcdEndpoint="e:1"),
+            "Deployment",
+            "qwen-pd-decode",
+            ["--advertise-host", "$(POD_IP)"],
+            [],
+            "registers '0.0.0.0', not its Pod IP",
+        ),
+        (
+            pd(nats={"deploy": False}),
+            "Deployment",
+            "qwen-pd-prefill",
+            ["--request-transport", "http", "--kv-event-transport", "zmq"],
+            [],
+            "uses NATS at nats://127.0.0.1:4222, but the graph's broker is None",
+        ),
+        (
+            as_vllm(pd()),
+            "Deployment",
+            "qwen-pd-decode",
+            ["--discovery-backend", "kubernetes"],
+            ["--discovery-backend", "kubernetes", "--disaggregation-mode", "decode"],
+            "unrecognized arguments: --disaggregation-mode",
+        ),
+        (
+            pd(gaie={**GAIE, "frontendPort": 8100}),
+            "Deployment",
+            "qwen-pd-epp",
+            ["--destination-port", "8100"],
+            [],
+            "sends the gateway to port 8000, the pool is on 8100",
+        ),
         (pd(), "Deployment", "qwen-pd-decode", ["--host", "0.0.0.0"], [], "binds 127.0.0.1"),
-        (pd(), "Deployment", "qwen-pd-decode", ["--disaggregation-mode", "decode"], [], "registers as mixed, the service is decode"),
+        (
+            pd(),
+            "Deployment",
+            "qwen-pd-decode",
+            ["--disaggregation-mode", "decode"],
+            [],
+            "registers as mixed, the service is decode",
+        ),
     ],
-    ids=["worker-selector", "epp-tokenizer-flag", "etcd-without-backend", "etcd-without-advertise", "nats-off-untold",
-         "vllm-disaggregation-mode", "epp-destination-port", "sglang-default-bind", "sglang-without-role"],
+    ids=[
+        "worker-selector",
+        "epp-tokenizer-flag",
+        "etcd-without-backend",
+        "etcd-without-advertise",
+        "nats-off-untold",
+        "vllm-disaggregation-mode",
+        "epp-destination-port",
+        "sglang-default-bind",
+        "sglang-without-role",
+    ],
 )
 def test_the_checks_catch_the_defects_the_issue_found(hooks, idep, kind, name, old, new, problem) -> None:
     problems = tampered(hooks, idep, kind, name, replace_flags(old, new))
@@ -430,7 +531,7 @@ def test_the_checks_catch_a_rank_outside_its_group(hooks) -> None:
     graph = rendered_graph(hooks, obj)
     group = graph.by_key[("LeaderWorkerSet", "qwen-pd-decode")]["spec"]["leaderWorkerTemplate"]
     command = group["workerTemplate"]["spec"]["containers"][0]["command"]
-    del command[command.index("--nnodes"):]
+    del command[command.index("--nnodes") :]
     problems = Graph(obj, graph.children).check()
     assert any("qwen-pd-decode-0-1" in p and "rank 0 of None, not 1 of 2" in p for p in problems), problems
 
@@ -455,12 +556,41 @@ def test_the_checks_catch_a_worker_outside_the_selector(hooks) -> None:
 
 # --- generated graphs across every combination ------------------------------------------------
 
-SGLANG_ARGS = st.lists(st.sampled_from([["--tp-size", "2"], ["--mem-fraction-static", "0.8"], ["--trust-remote-code"],
-                                        ["--drain-timeout", "120"], ["--page-size", "16"]]), max_size=3)
-VLLM_ARGS = st.lists(st.sampled_from([["--gpu-memory-utilization", "0.85"], ["--trust-remote-code"], ["--drain-timeout=90"],
-                                      ["--max-model-len", "8192"], ["--enforce-eager"]]), max_size=3)
-SERVER_ARGS = st.lists(st.sampled_from([["--router-policy", "round-robin"], ["--router-policy", "kv-aware"],
-                                        ["--request-max-retries", "2"], ["--migration-limit", "1"]]), max_size=2)
+SGLANG_ARGS = st.lists(
+    st.sampled_from(
+        [
+            ["--tp-size", "2"],
+            ["--mem-fraction-static", "0.8"],
+            ["--trust-remote-code"],
+            ["--drain-timeout", "120"],
+            ["--page-size", "16"],
+        ]
+    ),
+    max_size=3,
+)
+VLLM_ARGS = st.lists(
+    st.sampled_from(
+        [
+            ["--gpu-memory-utilization", "0.85"],
+            ["--trust-remote-code"],
+            ["--drain-timeout=90"],
+            ["--max-model-len", "8192"],
+            ["--enforce-eager"],
+        ]
+    ),
+    max_size=3,
+)
+SERVER_ARGS = st.lists(
+    st.sampled_from(
+        [
+            ["--router-policy", "round-robin"],
+            ["--router-policy", "kv-aware"],
+            ["--request-max-retries", "2"],
+            ["--migration-limit", "1"],
+        ]
+    ),
+    max_size=2,
+)
 CONNECTORS = st.sampled_from(["MooncakeConnector", "NixlConnector", "MoRIIOConnector"])
 
 
@@ -479,8 +609,19 @@ def as_template(spec: dict[str, Any], service: dict[str, Any], wrapper: str) -> 
     if worker and spec["backendFramework"] == "sglang":
         command += ["--disaggregation-mode", service["role"]] if service["role"] != "mixed" else []
         if service["numberOfNodes"] > 1:
-            index, leader = ("$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)") if wrapper != "sh" else ("$LWS_WORKER_INDEX", "$LWS_LEADER_ADDRESS")
-            command += ["--nnodes", str(service["numberOfNodes"]), "--node-rank", index, "--dist-init-addr", f"{leader}:5000"]
+            index, leader = (
+                ("$(LWS_WORKER_INDEX)", "$(LWS_LEADER_ADDRESS)")
+                if wrapper != "sh"
+                else ("$LWS_WORKER_INDEX", "$LWS_LEADER_ADDRESS")
+            )
+            command += [
+                "--nnodes",
+                str(service["numberOfNodes"]),
+                "--node-rank",
+                index,
+                "--dist-init-addr",
+                f"{leader}:5000",
+            ]
     if not worker and (spec.get("gaie") or {}).get("enabled"):
         command += ["--router-mode", "direct"]
     if wrapper == "infera-exec":
@@ -497,7 +638,10 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
     backend = draw(st.sampled_from(["sglang", "vllm"]))
     spec: dict[str, Any] = {"image": "rocm/infera:v0.2.10", "backendFramework": backend, "services": {}}
     if draw(st.booleans()):
-        spec |= {"discoveryBackend": "etcd", "etcdEndpoint": draw(st.sampled_from(["etcd:2379", "http://etcd.infra:2379"]))}
+        spec |= {
+            "discoveryBackend": "etcd",
+            "etcdEndpoint": draw(st.sampled_from(["etcd:2379", "http://etcd.infra:2379"])),
+        }
     spec["nats"] = {"deploy": draw(st.booleans())}
     ports = iter(draw(st.lists(st.integers(20000, 40000), min_size=4, max_size=4, unique=True)))
     roles = draw(st.sampled_from([["mixed"], ["prefill", "decode"], ["mixed", "prefill", "decode"]]))
@@ -512,8 +656,13 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
             if role != "mixed":
                 kv_role = {"prefill": "kv_producer", "decode": "kv_consumer"}[role]
                 args += ["--kv-transfer-config", json.dumps({"kv_connector": draw(CONNECTORS), "kv_role": kv_role})]
-        service: dict[str, Any] = {"componentType": "worker", "role": role, "args": args, "numberOfNodes": nodes,
-                                   "replicas": draw(st.integers(0, 3))}
+        service: dict[str, Any] = {
+            "componentType": "worker",
+            "role": role,
+            "args": args,
+            "numberOfNodes": nodes,
+            "replicas": draw(st.integers(0, 3)),
+        }
         if draw(st.booleans()):
             service["port"] = next(ports)
         spec["services"][role] = service
@@ -521,13 +670,18 @@ def graphs(draw: st.DrawFn) -> dict[str, Any]:
     if gaie:
         spec["gaie"] = {**GAIE, "frontendPort": draw(st.sampled_from([8000, 8100, 9090]))}
     if not gaie or draw(st.booleans()):
-        spec["services"]["router"] = {"componentType": "server", "port": next(ports),
-                                      "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B", *sum(draw(SERVER_ARGS), [])]}
+        spec["services"]["router"] = {
+            "componentType": "server",
+            "port": next(ports),
+            "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B", *sum(draw(SERVER_ARGS), [])],
+        }
     for service in spec["services"].values():
         wrapper = draw(st.sampled_from([None, "plain", "infera-exec", "sh"]))
         if wrapper:
             as_template(spec, service, wrapper)
-    return parent({"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec})
+    return parent(
+        {"apiVersion": "infera.amd.com/v1alpha1", "kind": "InferaDeployment", "metadata": {"name": "gen"}, "spec": spec}
+    )
 
 
 @settings(max_examples=60)
@@ -538,6 +692,7 @@ def test_generated_graphs_start(hooks, idep: dict[str, Any]) -> None:
 
 
 # --- the hook refuses exactly what would not start or work -----------------------------------
+
 
 def _drop(words: list[str], flag: str, values: int = 1) -> list[str]:
     at = words.index(flag)
@@ -554,7 +709,9 @@ EDITS = {
     "kv events nats": lambda w: w + ["--kv-event-transport", "nats"],
     "requests http": lambda w: w + ["--request-transport", "http"],
     "no discovery flag": lambda w: _drop(w, "--discovery-backend") if "--discovery-backend" in w else w,
-    "no rendezvous": lambda w: _drop(_drop(_drop(w, "--nnodes"), "--node-rank"), "--dist-init-addr") if "--nnodes" in w else w,
+    "no rendezvous": lambda w: (
+        _drop(_drop(_drop(w, "--nnodes"), "--node-rank"), "--dist-init-addr") if "--nnodes" in w else w
+    ),
     "no role": lambda w: _drop(w, "--disaggregation-mode") if "--disaggregation-mode" in w else w,
     "own broker": lambda w: w + ["--nats-server", "nats://nats.shared:4222"],
 }
@@ -570,7 +727,11 @@ def edited_graphs(draw: st.DrawFn) -> dict[str, Any]:
         shell = command[0] == "/bin/sh"
         words = shlex.split(command[2])[1:] if shell else command
         words = EDITS[draw(st.sampled_from(sorted(EDITS)))](words)
-        container["command"] = ["/bin/sh", "-c", "exec " + " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in words)] if shell else words
+        container["command"] = (
+            ["/bin/sh", "-c", "exec " + " ".join(f'"{w}"' if "$" in w else shlex.quote(w) for w in words)]
+            if shell
+            else words
+        )
     return idep
 
 

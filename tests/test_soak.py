@@ -49,16 +49,35 @@ def cases(rng: random.Random, version: int) -> list[Case]:
     return [
         ("distinct sync", "/sync", sync_body(example, version), "application/json", {200}),
         ("repeated sync", "/sync", sync_body(EXAMPLES[0], 1), "application/json", {200}),
-        ("invalid spec", "/sync", sync_body(example, version, lambda spec: spec.update(backendFramework="tensorrt")),
-         "application/json", {200}),
-        ("refused extraPodSpec", "/sync", sync_body(example, version, lambda spec: next(iter(spec["services"].values()))
-                                                     .update(extraPodSpec={"hostNetwork": "yes"})), "application/json", {200}),
+        (
+            "invalid spec",
+            "/sync",
+            sync_body(example, version, lambda spec: spec.update(backendFramework="tensorrt")),
+            "application/json",
+            {200},
+        ),
+        (
+            "refused extraPodSpec",
+            "/sync",
+            sync_body(
+                example,
+                version,
+                lambda spec: next(iter(spec["services"].values())).update(extraPodSpec={"hostNetwork": "yes"}),
+            ),
+            "application/json",
+            {200},
+        ),
         ("finalize", "/finalize", finalize_body(example), "application/json", {200}),
         ("customize", "/customize", sync_body(example, version), "application/json", {200}),
         ("not JSON", "/sync", b"{not json", "application/json", {400}),
         ("lone surrogate", "/sync", b'{"parent": {"metadata": {"name": "\\ud800"}}}', "application/json", {400}),
-        ("wrong shape", "/sync", json.dumps({"parent": {"metadata": {"name": "x"}}, "children": []}).encode(),
-         "application/json", {400}),
+        (
+            "wrong shape",
+            "/sync",
+            json.dumps({"parent": {"metadata": {"name": "x"}}, "children": []}).encode(),
+            "application/json",
+            {400},
+        ),
         ("deep nesting", "/sync", nested(100_000), "application/json", {400}),
         ("wrong content type", "/sync", b"{}", "text/plain", {415}),
         ("too large", "/sync", b" " * (16 * 1024 * 1024 + 1), "application/json", {413}),
@@ -78,8 +97,10 @@ def well_formed(name: str, status: int, payload: bytes) -> str | None:
         if name == "customize":
             shaped = set(answer) == {"relatedResources"} and isinstance(answer["relatedResources"], list)
         else:
-            shaped = set(answer) <= RESPONSE_FIELDS and isinstance(answer.get("status"), dict) and isinstance(
-                answer.get("children", []), list
+            shaped = (
+                set(answer) <= RESPONSE_FIELDS
+                and isinstance(answer.get("status"), dict)
+                and isinstance(answer.get("children", []), list)
             )
         return None if shaped else f"{name}: malformed answer {str(answer)[:200]}"
     return f"{name}: unexpected status {status}: {payload[:200]!r}"

@@ -78,10 +78,22 @@ def test_transition_time_carried_over_unless_status_changes(hooks) -> None:
     obj = parent(PD)
     obj["status"] = {
         "conditions": [
-            {"type": "Ready", "status": "False", "reason": "ServicesNotReady", "message": "old",
-             "observedGeneration": 1, "lastTransitionTime": LONG_AGO},
-            {"type": "SpecValid", "status": "True", "reason": "Valid", "message": "old",
-             "observedGeneration": 1, "lastTransitionTime": LONG_AGO},
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ServicesNotReady",
+                "message": "old",
+                "observedGeneration": 1,
+                "lastTransitionTime": LONG_AGO,
+            },
+            {
+                "type": "SpecValid",
+                "status": "True",
+                "reason": "Valid",
+                "message": "old",
+                "observedGeneration": 1,
+                "lastTransitionTime": LONG_AGO,
+            },
         ]
     }
     mc = Metacontroller(hooks, obj)

@@ -87,12 +87,27 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
                             "image": "rocm/infera:sglang-v0.1.1",
                             # No selector for a worker: it registers by patching its own Pod.
                             "command": [
-                                "python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port", "30000",
-                                "--discovery-backend", "kubernetes", "--disaggregation-mode", "prefill", *NATS_FLAGS,
+                                "python3",
+                                "-m",
+                                "infera.engine.sglang",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                "30000",
+                                "--discovery-backend",
+                                "kubernetes",
+                                "--disaggregation-mode",
+                                "prefill",
+                                *NATS_FLAGS,
                             ],
                             "args": [
-                                "--model-path", "Qwen/Qwen3-0.6B", "--tp-size", "1", "--trust-remote-code",
-                                "--disaggregation-transfer-backend", "mori",
+                                "--model-path",
+                                "Qwen/Qwen3-0.6B",
+                                "--tp-size",
+                                "1",
+                                "--trust-remote-code",
+                                "--disaggregation-transfer-backend",
+                                "mori",
                             ],
                             "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
                             "env": [READY_TIMEOUT_ENV, {"name": "NATS_SERVER", "value": NATS_URL}, *IDENTITY_ENV],
@@ -149,8 +164,18 @@ def test_server_deployment_and_service(hooks) -> None:
     assert "terminationGracePeriodSeconds" not in pod
     (main,) = pod["containers"]
     assert main["command"] == [
-        "python3", "-m", "infera.server", "--host", "0.0.0.0", "--port", "8000",
-        "--discovery-backend", "kubernetes", "--k8s-label-selector", SELECTOR, *NATS_FLAGS,
+        "python3",
+        "-m",
+        "infera.server",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--discovery-backend",
+        "kubernetes",
+        "--k8s-label-selector",
+        SELECTOR,
+        *NATS_FLAGS,
     ]
     assert main["args"] == ["--router-policy", "kv-aware", "--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
     assert main["env"] == [
@@ -162,7 +187,10 @@ def test_server_deployment_and_service(hooks) -> None:
     # Ready once it serves HTTP; no GPU, no /boot, no drain.
     assert main["readinessProbe"] == {
         "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
-        "successThreshold": 1, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3,
+        "successThreshold": 1,
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
     }
     assert not {"startupProbe", "livenessProbe", "lifecycle", "volumeMounts"} & set(main)
     assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"] == {
@@ -205,7 +233,12 @@ def test_discovery_identity_is_least_privilege(hooks) -> None:
     role = children_by_key(answer)[("Role", "qwen-pd-disc")]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": ["infera.amd.com"], "resources": ["inferadeployments"], "resourceNames": ["qwen-pd"], "verbs": ["get", "patch"]},
+        {
+            "apiGroups": ["infera.amd.com"],
+            "resources": ["inferadeployments"],
+            "resourceNames": ["qwen-pd"],
+            "verbs": ["get", "patch"],
+        },
     ]
     binding = children_by_key(answer)[("RoleBinding", "qwen-pd-disc")]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "qwen-pd-disc"}
@@ -226,7 +259,11 @@ def test_etcd_discovery(hooks) -> None:
         main = container(answer, name)
         assert "--k8s-label-selector" not in main["command"]
         assert [v["name"] for v in main["env"] if v["name"] != "INFERA_ENGINE_READY_TIMEOUT"] == [
-            "NATS_SERVER", "POD_NAME", "POD_NAMESPACE", "POD_IP"]
+            "NATS_SERVER",
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "POD_IP",
+        ]
         assert "INFERA_K8S_LABEL_SELECTOR" not in [v["name"] for v in main["env"]]
         pod = children_by_key(answer)[("Deployment", name)]["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == "default"  # never dropped: see pods.pod_template
@@ -256,19 +293,38 @@ def test_vllm_backend(hooks) -> None:
     ("role", "args", "message"),
     [
         ("prefill", ["--model", "m"], "services.decode: a vLLM prefill or decode worker takes its role from kv_role"),
-        ("prefill", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_consumer"}'],
-         "services.decode: --kv-transfer-config has kv_role 'kv_consumer', with which the worker registers as decode, "
-         "not prefill: set kv_role to kv_producer"),
+        (
+            "prefill",
+            ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_consumer"}'],
+            "services.decode: --kv-transfer-config has kv_role 'kv_consumer', with which the worker registers as decode, "
+            "not prefill: set kv_role to kv_producer",
+        ),
         # kv_both registers a mixed worker: the router would never split prefill from decode.
-        ("prefill", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_both"}'],
-         "kv_role 'kv_both', with which the worker registers as mixed, not prefill: set kv_role to kv_producer"),
-        ("decode", ["--model", "m", "--kv-transfer-config={\"kv_connector\":\"NixlConnector\"}"],
-         "services.decode: --kv-transfer-config has no kv_role, with which the worker registers as mixed, not decode"),
-        ("decode", ["--model", "m", "--kv-transfer-config", "kv_role=kv_consumer"],
-         "services.decode: --kv-transfer-config must be a JSON object, got 'kv_role=kv_consumer'"),
-        ("mixed", ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_producer"}'],
-         "registers as prefill, not mixed: set kv_role to kv_both"),
-        ("decode", ["--kv-transfer-config", '{"kv_role":"kv_consumer"}'], "services.decode: infera.engine.vllm requires --model"),
+        (
+            "prefill",
+            ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_both"}'],
+            "kv_role 'kv_both', with which the worker registers as mixed, not prefill: set kv_role to kv_producer",
+        ),
+        (
+            "decode",
+            ["--model", "m", '--kv-transfer-config={"kv_connector":"NixlConnector"}'],
+            "services.decode: --kv-transfer-config has no kv_role, with which the worker registers as mixed, not decode",
+        ),
+        (
+            "decode",
+            ["--model", "m", "--kv-transfer-config", "kv_role=kv_consumer"],
+            "services.decode: --kv-transfer-config must be a JSON object, got 'kv_role=kv_consumer'",
+        ),
+        (
+            "mixed",
+            ["--model", "m", "--kv-transfer-config", '{"kv_role":"kv_producer"}'],
+            "registers as prefill, not mixed: set kv_role to kv_both",
+        ),
+        (
+            "decode",
+            ["--kv-transfer-config", '{"kv_role":"kv_consumer"}'],
+            "services.decode: infera.engine.vllm requires --model",
+        ),
     ],
 )
 def test_vllm_role_comes_from_kv_role(hooks, role: str, args: list[str], message: str) -> None:
@@ -320,8 +376,17 @@ def test_custom_ports_gpu_type_and_images(hooks) -> None:
 
 
 def test_envs_precedence_and_no_empty_values(hooks) -> None:
-    obj = pd_parent(envs=[{"name": "HF_HOME", "value": "/models"}, {"name": "SHARED", "value": "all"}, {"name": "EMPTY", "value": ""}])
-    obj["spec"]["services"]["decode"]["env"] = [{"name": "SHARED", "value": "decode"}, {"name": "POD_IP", "value": "10.0.0.1"}]
+    obj = pd_parent(
+        envs=[
+            {"name": "HF_HOME", "value": "/models"},
+            {"name": "SHARED", "value": "all"},
+            {"name": "EMPTY", "value": ""},
+        ]
+    )
+    obj["spec"]["services"]["decode"]["env"] = [
+        {"name": "SHARED", "value": "decode"},
+        {"name": "POD_IP", "value": "10.0.0.1"},
+    ]
     env = container(hooks.sync(obj), "qwen-pd-decode")["env"]
     assert env == [
         READY_TIMEOUT_ENV,
@@ -345,9 +410,19 @@ def test_envs_precedence_and_no_empty_values(hooks) -> None:
         (["--drain-timeout", "200"], [{"name": "INFERA_DRAIN_TIMEOUT", "value": "120"}], 265),  # the flag wins
         (["--drain-timeout", "1e9"], [], 3665),  # clamped to an hour
         # As kubelet expands it; a value from a ConfigMap is unknowable here, and the variable then counts.
-        (["--drain-timeout", "$(DRAIN)"], [{"name": "DRAIN", "value": "900"}, {"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}], 965),
-        (["--drain-timeout", "$(DRAIN)"], [{"name": "DRAIN", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
-                                           {"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}], 155),
+        (
+            ["--drain-timeout", "$(DRAIN)"],
+            [{"name": "DRAIN", "value": "900"}, {"name": "INFERA_DRAIN_TIMEOUT", "value": "90"}],
+            965,
+        ),
+        (
+            ["--drain-timeout", "$(DRAIN)"],
+            [
+                {"name": "DRAIN", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+                {"name": "INFERA_DRAIN_TIMEOUT", "value": "90"},
+            ],
+            155,
+        ),
     ],
 )
 def test_grace_period_covers_the_drain(hooks, args: list[str], env: list[dict], grace: int) -> None:

@@ -9,14 +9,20 @@ from tests.simulator import Metacontroller
 
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway"}
 INGRESS = {
-    ("Deployment", "qwen-pd-server"), ("Service", "qwen-pd-server"),
-    ("Deployment", "qwen-pd-epp"), ("Service", "qwen-pd-epp"),
-    ("InferencePool", "qwen-pd-pool"), ("HTTPRoute", "qwen-pd-route"),
+    ("Deployment", "qwen-pd-server"),
+    ("Service", "qwen-pd-server"),
+    ("Deployment", "qwen-pd-epp"),
+    ("Service", "qwen-pd-epp"),
+    ("InferencePool", "qwen-pd-pool"),
+    ("HTTPRoute", "qwen-pd-route"),
 }
 WORKERS = {("Deployment", "qwen-pd-prefill"), ("LeaderWorkerSet", "qwen-pd-decode")}
 PLANE = {
-    ("StatefulSet", "qwen-pd-nats"), ("Service", "qwen-pd-nats"),
-    ("ServiceAccount", "qwen-pd-disc"), ("Role", "qwen-pd-disc"), ("RoleBinding", "qwen-pd-disc"),
+    ("StatefulSet", "qwen-pd-nats"),
+    ("Service", "qwen-pd-nats"),
+    ("ServiceAccount", "qwen-pd-disc"),
+    ("Role", "qwen-pd-disc"),
+    ("RoleBinding", "qwen-pd-disc"),
 }
 
 
@@ -84,7 +90,11 @@ def test_every_stage_is_idempotent(hooks) -> None:
     while not mc.finalized:
         request = parse_request(mc.body(finalizing=True))
         # The function itself, twice (over HTTP the second call would come from the answer cache).
-        assert teardown.finalize(request) == teardown.finalize(request) == hooks.hook("/finalize", mc.body(finalizing=True))
+        assert (
+            teardown.finalize(request)
+            == teardown.finalize(request)
+            == hooks.hook("/finalize", mc.body(finalizing=True))
+        )
         writes = mc.finalize()
         if not writes:
             mc.pods_finish_draining()
@@ -130,7 +140,9 @@ def test_a_pod_stuck_on_a_lost_node_does_not_hold_the_plane(hooks) -> None:
     assert mc.parent["status"]["message"].startswith("draining")
     mc.finalize()
     assert mc.parent["status"]["message"] == "waiting for 3 worker pods to finish draining"
-    stuck = next(pod for pod in mc.pods.values() if pod["metadata"]["labels"].get("infera.amd.com/component") == "worker")
+    stuck = next(
+        pod for pod in mc.pods.values() if pod["metadata"]["labels"].get("infera.amd.com/component") == "worker"
+    )
     mc.pods = {name: pod for name, pod in mc.pods.items() if pod is stuck}
     stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # its grace period ended long ago
     assert deleted(mc.finalize()) == PLANE
@@ -139,7 +151,11 @@ def test_a_pod_stuck_on_a_lost_node_does_not_hold_the_plane(hooks) -> None:
 def test_parent_with_no_children_finalizes_at_once(hooks) -> None:
     obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
     answer = hooks.hook("/finalize", request_body(obj, [], finalizing=True))
-    assert answer == {"status": {"state": "terminating", "message": "all children deleted"}, "children": [], "finalized": True}
+    assert answer == {
+        "status": {"state": "terminating", "message": "all children deleted"},
+        "children": [],
+        "finalized": True,
+    }
 
 
 def test_invalid_spec_still_tears_down(hooks) -> None:

@@ -60,7 +60,9 @@ def epp_service(idep: InferaDeployment) -> dict:
             "selector": selector_labels(idep, EPP_SUFFIX),
             # No appProtocol: the picker serves gRPC over TLS (a self-signed certificate, its
             # default), which Inference Gateways dial with verification off; h2c would be a lie.
-            "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc-ext-proc", "protocol": "TCP"}],
+            "ports": [
+                {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc-ext-proc", "protocol": "TCP"}
+            ],
         },
     }
 
@@ -100,7 +102,12 @@ def http_route(idep: InferaDeployment) -> dict:
             {
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                 "backendRefs": [
-                    {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool_name(idep), "weight": 1}
+                    {
+                        "group": "inference.networking.k8s.io",
+                        "kind": "InferencePool",
+                        "name": pool_name(idep),
+                        "weight": 1,
+                    }
                 ],
             }
         ],
@@ -126,5 +133,7 @@ def without_gateway(idep: InferaDeployment) -> InferaDeployment:
     while the cluster's CompositeController cannot create the gateway objects."""
     gateway_children = {child_name(idep, EPP_SUFFIX), pool_name(idep), route_name(idep)}
     patches = [p for p in idep.spec.patches or [] if p.target.name not in gateway_children] or None
-    spec = idep.spec.model_copy(update={"gaie": idep.spec.gaie.model_copy(update={"enabled": False}), "patches": patches})
+    spec = idep.spec.model_copy(
+        update={"gaie": idep.spec.gaie.model_copy(update={"enabled": False}), "patches": patches}
+    )
     return idep.model_copy(update={"spec": spec})

@@ -37,9 +37,12 @@ def render(idep: InferaDeployment) -> list[dict]:
         "command": [
             "nats-server",
             "--jetstream",
-            "--store_dir", STORE_DIR,
-            "--port", str(CLIENT_PORT),
-            "--http_port", str(MONITOR_PORT),
+            "--store_dir",
+            STORE_DIR,
+            "--port",
+            str(CLIENT_PORT),
+            "--http_port",
+            str(MONITOR_PORT),
         ],
         "ports": [
             {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},

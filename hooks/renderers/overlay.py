@@ -31,21 +31,78 @@ DEEP_MERGED = ("resources", "securityContext")
 # The fields of PodSpec and Container in Kubernetes 1.33. The API server drops a field it does not
 # know, so Metacontroller would re-apply it on every sync: such a template is refused instead
 # (a field of a newer release can still be set with spec.patches).
-POD_FIELDS = frozenset({
-    "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers", "dnsConfig", "dnsPolicy",
-    "enableServiceLinks", "ephemeralContainers", "hostAliases", "hostIPC", "hostNetwork", "hostPID", "hostUsers",
-    "hostname", "imagePullSecrets", "initContainers", "nodeName", "nodeSelector", "os", "overhead",
-    "preemptionPolicy", "priority", "priorityClassName", "readinessGates", "resourceClaims", "resources",
-    "restartPolicy", "runtimeClassName", "schedulerName", "schedulingGates", "securityContext", "serviceAccount",
-    "serviceAccountName", "setHostnameAsFQDN", "shareProcessNamespace", "subdomain",
-    "terminationGracePeriodSeconds", "tolerations", "topologySpreadConstraints", "volumes",
-})
-CONTAINER_FIELDS = frozenset({
-    "args", "command", "env", "envFrom", "image", "imagePullPolicy", "lifecycle", "livenessProbe", "name", "ports",
-    "readinessProbe", "resizePolicy", "resources", "restartPolicy", "securityContext", "startupProbe", "stdin",
-    "stdinOnce", "terminationMessagePath", "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts",
-    "workingDir",
-})
+POD_FIELDS = frozenset(
+    {
+        "activeDeadlineSeconds",
+        "affinity",
+        "automountServiceAccountToken",
+        "containers",
+        "dnsConfig",
+        "dnsPolicy",
+        "enableServiceLinks",
+        "ephemeralContainers",
+        "hostAliases",
+        "hostIPC",
+        "hostNetwork",
+        "hostPID",
+        "hostUsers",
+        "hostname",
+        "imagePullSecrets",
+        "initContainers",
+        "nodeName",
+        "nodeSelector",
+        "os",
+        "overhead",
+        "preemptionPolicy",
+        "priority",
+        "priorityClassName",
+        "readinessGates",
+        "resourceClaims",
+        "resources",
+        "restartPolicy",
+        "runtimeClassName",
+        "schedulerName",
+        "schedulingGates",
+        "securityContext",
+        "serviceAccount",
+        "serviceAccountName",
+        "setHostnameAsFQDN",
+        "shareProcessNamespace",
+        "subdomain",
+        "terminationGracePeriodSeconds",
+        "tolerations",
+        "topologySpreadConstraints",
+        "volumes",
+    }
+)
+CONTAINER_FIELDS = frozenset(
+    {
+        "args",
+        "command",
+        "env",
+        "envFrom",
+        "image",
+        "imagePullPolicy",
+        "lifecycle",
+        "livenessProbe",
+        "name",
+        "ports",
+        "readinessProbe",
+        "resizePolicy",
+        "resources",
+        "restartPolicy",
+        "securityContext",
+        "startupProbe",
+        "stdin",
+        "stdinOnce",
+        "terminationMessagePath",
+        "terminationMessagePolicy",
+        "tty",
+        "volumeDevices",
+        "volumeMounts",
+        "workingDir",
+    }
+)
 
 
 def _known_fields(obj: dict, fields: frozenset[str], kind: str, where: str) -> dict:
@@ -148,7 +205,10 @@ def _one_value_per_extended_resource(resources: dict, template: dict) -> None:
 def overlay(operator: dict, extra: dict, where: str) -> dict:
     """`operator`'s pod spec with the user's `extra` pod spec laid over it."""
     extra = checked_template(extra, where)
-    spec = {**copy.deepcopy(operator), **{k: copy.deepcopy(v) for k, v in extra.items() if k not in ("containers", "volumes")}}
+    spec = {
+        **copy.deepcopy(operator),
+        **{k: copy.deepcopy(v) for k, v in extra.items() if k not in ("containers", "volumes")},
+    }
 
     template_containers = _objects(extra.get("containers"), f"{where}.containers")
     containers = copy.deepcopy(template_containers)

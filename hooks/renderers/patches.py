@@ -13,9 +13,17 @@ from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 
 def _identity(child: dict) -> tuple:
     """What Metacontroller and this hook recognise a child by: kind, name and identity labels."""
-    metadata = child.get("metadata") if isinstance(child.get("metadata"), dict) else {}
-    labels = metadata.get("labels") if isinstance(metadata.get("labels"), dict) else {}
-    return child.get("apiVersion"), child.get("kind"), metadata.get("name"), labels.get(DEPLOYMENT_LABEL), labels.get(SERVICE_LABEL)
+    metadata = child.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    labels = metadata.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
+    return (
+        child.get("apiVersion"),
+        child.get("kind"),
+        metadata.get("name"),
+        labels.get(DEPLOYMENT_LABEL),
+        labels.get(SERVICE_LABEL),
+    )
 
 
 def _added_bytes(child: dict, step: dict[str, Any]) -> int:
@@ -41,8 +49,11 @@ def apply_patches(patches: list, children: list[dict], sizes: RenderedSize) -> l
     for index, patch in enumerate(patches):
         where = f"patches[{index}] ({patch.target.kind} {patch.target.name})"
         position = next(
-            (i for i, child in enumerate(children)
-             if child["kind"] == patch.target.kind and child["metadata"]["name"] == patch.target.name),
+            (
+                i
+                for i, child in enumerate(children)
+                if child["kind"] == patch.target.kind and child["metadata"]["name"] == patch.target.name
+            ),
             None,
         )
         if position is None:

@@ -61,7 +61,8 @@ def pod_metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict
 
 
 def _mounts_and_volumes(svc: ServiceSpec) -> tuple[list[dict], list[dict]]:
-    mounts, volumes = [], []
+    mounts: list[dict] = []
+    volumes: list[dict] = []
     if svc.resources.shared_memory:
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": svc.resources.shared_memory}})
@@ -130,7 +131,9 @@ def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
     lifecycle = primary.setdefault("lifecycle", {})
     lifecycle.setdefault("preStop", runtime.prestop())
     # A template's own grace period is only ever raised.
-    spec["terminationGracePeriodSeconds"] = max(runtime.grace_seconds(argv, env), spec.get("terminationGracePeriodSeconds") or 0)
+    spec["terminationGracePeriodSeconds"] = max(
+        runtime.grace_seconds(argv, env), spec.get("terminationGracePeriodSeconds") or 0
+    )
 
 
 def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader: bool = True) -> dict:

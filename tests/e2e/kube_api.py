@@ -89,8 +89,10 @@ RESOURCES = {
     for r in (POD, Resource("infera.amd.com", "v1alpha1", "inferadeployments", "InferaDeployment"))
 }
 _KINDS = {r.kind: r for r in RESOURCES.values()}
-_PATH = re.compile(r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-                   r"/namespaces/(?P<namespace>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?")
+_PATH = re.compile(
+    r"/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"/namespaces/(?P<namespace>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?"
+)
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,15 @@ class APIError(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> dict[str, Any]:
-        body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
         if self.details is not None:
             body["details"] = self.details
         return body
@@ -139,8 +148,12 @@ def _not_found(resource: Resource, name: str) -> APIError:
 
 
 def _invalid(resource: Resource, name: str, field: str, message: str) -> APIError:
-    return APIError(422, "Invalid", f'{resource.kind} "{name}" is invalid: {field}: {message}',
-                    {"name": name, "kind": resource.kind, "causes": [{"field": field, "message": message}]})
+    return APIError(
+        422,
+        "Invalid",
+        f'{resource.kind} "{name}" is invalid: {field}: {message}',
+        {"name": name, "kind": resource.kind, "causes": [{"field": field, "message": message}]},
+    )
 
 
 def _qualified_name_error(key: str) -> str | None:
@@ -167,15 +180,20 @@ def parse_selector(text: str) -> Callable[[dict[str, str]], bool]:
     for term in text.split(",") if text.strip() else []:
         match = _TERM.fullmatch(term.strip())
         if not match or (match["neg"] and match["op"]):
-            raise APIError(400, "BadRequest", f"unable to parse requirement: {term.strip()!r} "
-                           "(this fake serves equality-based and existence selectors only)")
+            raise APIError(
+                400,
+                "BadRequest",
+                f"unable to parse requirement: {term.strip()!r} "
+                "(this fake serves equality-based and existence selectors only)",
+            )
         key, op, value = match["key"], match["op"], match["value"] or ""
         error = _qualified_name_error(key) or (_label_value_error(value) if op else None)
         if error:
             raise APIError(400, "BadRequest", f"unable to parse requirement: {error}")
         if op is None:
-            checks.append((lambda labels, key=key: key not in labels) if match["neg"] else
-                          (lambda labels, key=key: key in labels))
+            checks.append(
+                (lambda labels, key=key: key not in labels) if match["neg"] else (lambda labels, key=key: key in labels)
+            )
         elif op == "!=":
             checks.append(lambda labels, key=key, value=value: labels.get(key) != value)
         else:
@@ -201,7 +219,7 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def _now(offset_seconds: int = 0) -> str:
-    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset_seconds)
+    moment = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=offset_seconds)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -209,17 +227,33 @@ def _certificates(host: str) -> tuple[bytes, bytes, bytes]:
     """A CA and a serving certificate it signed, for `host` and the Service names: (CA, cert,
     key) in PEM. Fresh per server, so no test trusts another test's server by accident; with the
     key identifiers and critical constraints that strict verifiers (Python 3.13's default) want."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-kubernetes-ca")])
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -233,12 +267,26 @@ def _certificates(host: str) -> tuple[bytes, bytes, bytes]:
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -255,7 +303,9 @@ class KubeAPI:
     until `stop()`. `history` bounds the changes a watch can resume from, as the watch cache's
     window does; make it small to reach the 410 path."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None, history: int = 1000) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None, history: int = 1000
+    ) -> None:
         self.host = host
         self.token = token or secrets.token_urlsafe(32)
         ca_pem, cert_pem, key_pem = _certificates(host)
@@ -276,8 +326,9 @@ class KubeAPI:
         self._stopped = False
         self._server = _Server(self, (host, port), context)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"kube-api-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"kube-api-{self.port}", daemon=True
+        )
         self._thread.start()
 
     # -- what a client is given ------------------------------------------------------------------
@@ -289,8 +340,11 @@ class KubeAPI:
 
     def env(self) -> dict[str, str]:
         """The service variables kubelet gives every container, pointing here."""
-        return {"KUBERNETES_SERVICE_HOST": self.host, "KUBERNETES_SERVICE_PORT": str(self.port),
-                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.port)}
+        return {
+            "KUBERNETES_SERVICE_HOST": self.host,
+            "KUBERNETES_SERVICE_PORT": str(self.port),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(self.port),
+        }
 
     def write_service_account(self, directory: Path | str, namespace: str = "default") -> Path:
         """`token`, `ca.crt` and `namespace`, as kubelet mounts them at
@@ -344,8 +398,11 @@ class KubeAPI:
             grace = grace_period_seconds
             if grace is None:
                 grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-            meta.update(deletionTimestamp=_now(grace), deletionGracePeriodSeconds=grace,
-                        generation=meta.get("generation", 0) + 1)
+            meta.update(
+                deletionTimestamp=_now(grace),
+                deletionGracePeriodSeconds=grace,
+                generation=meta.get("generation", 0) + 1,
+            )
             return self._commit(POD, namespace, name, "MODIFIED", pod)
 
     def remove_pod(self, namespace: str, name: str) -> None:
@@ -403,8 +460,9 @@ class KubeAPI:
             raise _not_found(resource, name)
         return obj
 
-    def _commit(self, resource: Resource, namespace: str, name: str, type_: str,
-                obj: dict[str, Any] | None) -> dict[str, Any]:
+    def _commit(
+        self, resource: Resource, namespace: str, name: str, type_: str, obj: dict[str, Any] | None
+    ) -> dict[str, Any]:
         """Store a change at the next resourceVersion and tell the watchers. Caller holds the lock."""
         key = (resource, namespace, name)
         prev = self._objects.get(key)
@@ -429,22 +487,35 @@ class KubeAPI:
             if values is None:
                 continue
             if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-                raise APIError(400, "BadRequest", f"json: cannot unmarshal into Go struct field "
-                               f"ObjectMeta.metadata.{field} of type map[string]string")
+                raise APIError(
+                    400,
+                    "BadRequest",
+                    f"json: cannot unmarshal into Go struct field "
+                    f"ObjectMeta.metadata.{field} of type map[string]string",
+                )
             if not values:
                 del meta[field]
             for key, value in values.items():
                 error = _qualified_name_error(key) or (_label_value_error(value) if field == "labels" else None)
                 if error:
                     raise _invalid(resource, name, f"metadata.{field}", f"Invalid value: {error}")
-        if sum(len(k.encode()) + len(v.encode()) for k, v in (meta.get("annotations") or {}).items()) > ANNOTATIONS_LIMIT:
-            raise _invalid(resource, name, "metadata.annotations", f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes")
+        if (
+            sum(len(k.encode()) + len(v.encode()) for k, v in (meta.get("annotations") or {}).items())
+            > ANNOTATIONS_LIMIT
+        ):
+            raise _invalid(
+                resource, name, "metadata.annotations", f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes"
+            )
 
     def _patch(self, resource: Resource, namespace: str, name: str, content_type: str, body: bytes) -> dict[str, Any]:
         """A PATCH of the main resource, as the server applies a JSON merge patch."""
         if content_type != MERGE_PATCH:
-            raise APIError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                           f"accepted media types include: {MERGE_PATCH} (the only patch type this fake serves)")
+            raise APIError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - "
+                f"accepted media types include: {MERGE_PATCH} (the only patch type this fake serves)",
+            )
         try:
             patch = json.loads(body)
         except ValueError as error:
@@ -458,14 +529,21 @@ class KubeAPI:
                 raise APIError(400, "BadRequest", "metadata must be an object")
             precondition = (patch.get("metadata") or {}).get("resourceVersion")
             if precondition is not None and precondition != meta["resourceVersion"]:
-                raise APIError(409, "Conflict", f'Operation cannot be fulfilled on {resource.qualified} "{name}": '
-                               "the object has been modified; please apply your changes to the latest version and try again",
-                               {"name": name, "kind": resource.plural})
+                raise APIError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource.qualified} "{name}": '
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                    {"name": name, "kind": resource.plural},
+                )
             new = merge_patch(copy.deepcopy(current), patch)
             new_meta = new.setdefault("metadata", {})
             if new_meta.get("name") != name or new_meta.get("namespace") != namespace:
-                raise APIError(400, "BadRequest", f"the name of the object ({new_meta.get('name')}) does not match "
-                               f"the name on the URL ({name})")
+                raise APIError(
+                    400,
+                    "BadRequest",
+                    f"the name of the object ({new_meta.get('name')}) does not match the name on the URL ({name})",
+                )
             for owned in ("uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds"):
                 new_meta.pop(owned, None)
                 if owned in meta:
@@ -485,22 +563,37 @@ class KubeAPI:
 
     def _list(self, resource: Resource, namespace: str, selector: Callable[[dict[str, str]], bool]) -> dict[str, Any]:
         with self._cond:
-            objs = sorted((obj for (r, ns, _), obj in self._objects.items()
-                           if r == resource and ns == namespace and selector(_labels(obj))),
-                          key=lambda obj: obj["metadata"]["name"])
+            objs = sorted(
+                (
+                    obj
+                    for (r, ns, _), obj in self._objects.items()
+                    if r == resource and ns == namespace and selector(_labels(obj))
+                ),
+                key=lambda obj: obj["metadata"]["name"],
+            )
             items = [copy.deepcopy(obj) for obj in objs]
             rv = str(self._rv)
         if resource.typed:
             for item in items:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
-        return {"kind": f"{resource.kind}List", "apiVersion": resource.api_version,
-                "metadata": {"resourceVersion": rv}, "items": items}
+        return {
+            "kind": f"{resource.kind}List",
+            "apiVersion": resource.api_version,
+            "metadata": {"resourceVersion": rv},
+            "items": items,
+        }
 
     # -- watch -----------------------------------------------------------------------------------
 
-    def _watch(self, resource: Resource, namespace: str, selector: Callable[[dict[str, str]], bool],
-               resource_version: str | None, send: Callable[[dict[str, Any] | None], None]) -> None:
+    def _watch(
+        self,
+        resource: Resource,
+        namespace: str,
+        selector: Callable[[dict[str, str]], bool],
+        resource_version: str | None,
+        send: Callable[[dict[str, Any] | None], None],
+    ) -> None:
         """Stream the watch through `send` (None: the stream's first write, its headers).
 
         No resourceVersion (or "0") starts with the current objects as ADDED, as the server
@@ -518,9 +611,11 @@ class KubeAPI:
             initial: list[dict[str, Any]] = []
             if cursor is None:
                 cursor = self._rv
-                initial = [{"type": "ADDED", "object": copy.deepcopy(obj)}
-                           for (r, ns, _), obj in sorted(self._objects.items(), key=lambda item: item[0][2])
-                           if r == resource and ns == namespace and selector(_labels(obj))]
+                initial = [
+                    {"type": "ADDED", "object": copy.deepcopy(obj)}
+                    for (r, ns, _), obj in sorted(self._objects.items(), key=lambda item: item[0][2])
+                    if r == resource and ns == namespace and selector(_labels(obj))
+                ]
         send(None)
         for event in initial:
             send(event)
@@ -554,8 +649,9 @@ class KubeAPI:
 
     def _route(self, path: str) -> tuple[Resource, str, str | None]:
         match = _PATH.fullmatch(path)
-        resource = match and RESOURCES.get(("", "v1", match["plural"]) if match["core"] else
-                                           (match["group"], match["version"], match["plural"]))
+        resource = match and RESOURCES.get(
+            ("", "v1", match["plural"]) if match["core"] else (match["group"], match["version"], match["plural"])
+        )
         if resource is None:
             raise APIError(404, "NotFound", "the server could not find the requested resource", {})
         return resource, unquote(match["namespace"]), unquote(match["name"]) if match["name"] else None
@@ -672,12 +768,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._end_stream()
                 return
             if method == "GET":
-                answer = (api._list(resource, namespace, parse_selector(query.get("labelSelector", ""))) if name is None
-                          else api.object(resource.kind, namespace, name))
+                answer = (
+                    api._list(resource, namespace, parse_selector(query.get("labelSelector", "")))
+                    if name is None
+                    else api.object(resource.kind, namespace, name)
+                )
             elif method == "PATCH" and name is not None:
                 answer = api._patch(resource, namespace, name, content_type, raw)
             else:
-                raise APIError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+                raise APIError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
             status = 200
         except APIError as error:
             status, answer = error.code, error.status()

@@ -77,11 +77,15 @@ def wait_until(what: str, check: Any, timeout: float, interval: float = 0.1) -> 
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last: {last_error!r})" if last_error else ""))
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}"
+                + (f" (last: {last_error!r})" if last_error else "")
+            )
         time.sleep(interval)
 
 
 # --- the root: the machine's directories, and what a cluster mounts over them ----------------
+
 
 def within(root: Path, path: str) -> Path:
     """`path` as seen from `root`, following symlinks there (an absolute one from `root`), as
@@ -121,6 +125,7 @@ def build_root(root: Path, mounts: dict[str, Path]) -> None:
 
 
 # --- pods ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Container:
@@ -203,13 +208,24 @@ class Cluster:
         with the service variables kubelet gives its containers."""
         planned = kubelet.pods(self.children, self.namespace)
         backends = {name: pod.facts.ip for name, pod in self.service_backends(planned).items()}
-        services = {"KUBERNETES_SERVICE_HOST": NODE_IP, "KUBERNETES_SERVICE_PORT": str(API_PORT),
-                    **kubelet.service_env("kubernetes", NODE_IP, [{"name": "https", "port": API_PORT}])}
+        services = {
+            "KUBERNETES_SERVICE_HOST": NODE_IP,
+            "KUBERNETES_SERVICE_PORT": str(API_PORT),
+            **kubelet.service_env("kubernetes", NODE_IP, [{"name": "https", "port": API_PORT}]),
+        }
         for child in self.children:
-            if child["kind"] == "Service" and child["spec"].get("clusterIP") != "None" and child["metadata"]["name"] in backends:
-                services |= kubelet.service_env(child["metadata"]["name"], backends[child["metadata"]["name"]], child["spec"]["ports"])
+            if (
+                child["kind"] == "Service"
+                and child["spec"].get("clusterIP") != "None"
+                and child["metadata"]["name"] in backends
+            ):
+                services |= kubelet.service_env(
+                    child["metadata"]["name"], backends[child["metadata"]["name"]], child["spec"]["ports"]
+                )
         for index, pod in enumerate(planned):
-            facts = kubelet.PodFacts(pod.facts.name, pod.facts.namespace, pod.facts.ip, lws=pod.facts.lws, services=services)
+            facts = kubelet.PodFacts(
+                pod.facts.name, pod.facts.namespace, pod.facts.ip, lws=pod.facts.lws, services=services
+            )
             self.pods[facts.name] = Pod(kubelet.Pod(pod.owner, pod.template, facts), index)
 
     def service_backends(self, pods: list[kubelet.Pod]) -> dict[str, kubelet.Pod]:
@@ -287,9 +303,19 @@ class Cluster:
         url = f"http://{NODE_IP}:{ETCD_PORT}"
         log = (self.workdir / "etcd.log").open("wb")
         self.etcd = subprocess.Popen(
-            [str(Path(sys.executable).parent / "etcd"), "--data-dir", str(data), "--listen-client-urls", url,
-             "--advertise-client-urls", url, "--listen-peer-urls", "http://127.0.0.1:2380"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                str(Path(sys.executable).parent / "etcd"),
+                "--data-dir",
+                str(data),
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         wait_until("etcd", lambda: http_ok(f"{url}/health"), 20)
 
@@ -297,7 +323,12 @@ class Cluster:
 
     def start_pod(self, pod: Pod) -> None:
         pod.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
-        wait_until(f"{pod.name}'s network namespace", lambda: os.readlink(pod.netns()) != os.readlink("/proc/self/ns/net"), 5, 0.01)
+        wait_until(
+            f"{pod.name}'s network namespace",
+            lambda: os.readlink(pod.netns()) != os.readlink("/proc/self/ns/net"),
+            5,
+            0.01,
+        )
         host_side = f"veth{pod.index}"
         sh("ip", "link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", str(pod.holder.pid))
         sh("ip", "link", "set", host_side, "master", "cni0", "up")
@@ -314,13 +345,21 @@ class Cluster:
             raise AssertionError(f"{pod.name}: the sandbox does not run {', '.join(unsupported)}")
         for spec in pod.pod.spec["containers"]:
             given = kubelet.container_env(spec, pod.pod.facts, pod.labels)
-            container = Container(spec["name"], spec, {**self.image_env(pod), **given}, kubelet.container_argv(spec, given),
-                                  self.workdir / "logs" / f"{pod.name}.{spec['name']}.log")
+            container = Container(
+                spec["name"],
+                spec,
+                {**self.image_env(pod), **given},
+                kubelet.container_argv(spec, given),
+                self.workdir / "logs" / f"{pod.name}.{spec['name']}.log",
+            )
             container.log.parent.mkdir(exist_ok=True)
             with container.log.open("wb") as log:
                 container.process = subprocess.Popen(
                     [*inside, "unshare", "--pid", "--fork", "--kill-child", "--", *container.argv],
-                    env=container.env, stdout=log, stderr=subprocess.STDOUT, cwd=spec.get("workingDir", "/"),
+                    env=container.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=spec.get("workingDir", "/"),
                     start_new_session=True,
                 )
             pod.containers.append(container)
@@ -336,8 +375,10 @@ class Cluster:
                 "labels": dict(pod.labels),
                 "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
             },
-            "spec": {"serviceAccountName": pod.pod.spec.get("serviceAccountName", "default"),
-                     "containers": pod.pod.spec["containers"]},
+            "spec": {
+                "serviceAccountName": pod.pod.spec.get("serviceAccountName", "default"),
+                "containers": pod.pod.spec["containers"],
+            },
             "status": {"phase": "Running", "podIP": pod.ip, "podIPs": [{"ip": pod.ip}]},
         }
 
@@ -347,7 +388,9 @@ class Cluster:
 
     def probe(self, pod: Pod, container: Container, probe: dict[str, Any]) -> bool:
         if not container.running():
-            raise AssertionError(f"{pod.name}/{container.name} exited ({container.process.returncode}):\n{container.tail()}")
+            raise AssertionError(
+                f"{pod.name}/{container.name} exited ({container.process.returncode}):\n{container.tail()}"
+            )
         ports = {p.get("name"): p["containerPort"] for p in container.spec.get("ports") or []}
         if "httpGet" in probe:
             get = probe["httpGet"]
@@ -391,10 +434,14 @@ class Cluster:
             handler = (container.spec.get("lifecycle") or {}).get("preStop") or {}
             left = lambda: grace - (time.monotonic() - began)  # noqa: E731
             if set(handler) - {"exec"}:
-                raise AssertionError(f"{pod.name}/{container.name}: a preStop handler the sandbox does not run: {handler}")
+                raise AssertionError(
+                    f"{pod.name}/{container.name}: a preStop handler the sandbox does not run: {handler}"
+                )
             if handler and container.init_pid:
-                hook = subprocess.Popen(["nsenter", f"--target={container.init_pid}", "--net", "--pid", "--",
-                                         *handler["exec"]["command"]], env=container.env)
+                hook = subprocess.Popen(
+                    ["nsenter", f"--target={container.init_pid}", "--net", "--pid", "--", *handler["exec"]["command"]],
+                    env=container.env,
+                )
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     hook.wait(timeout=max(0.0, left()))
                 hook.kill()
@@ -450,8 +497,10 @@ class Cluster:
         parts = []
         for pod in self.pods.values():
             for container in pod.containers:
-                parts.append(f"--- {pod.name}/{container.name} (pid {container.process.pid if container.process else '-'}, "
-                             f"exit {container.process.poll() if container.process else '-'})\n{container.tail()}")
+                parts.append(
+                    f"--- {pod.name}/{container.name} (pid {container.process.pid if container.process else '-'}, "
+                    f"exit {container.process.poll() if container.process else '-'})\n{container.tail()}"
+                )
         return "\n".join(parts)
 
     # -- what a scenario uses --------------------------------------------------------------------
@@ -484,6 +533,7 @@ def grpc_serving(host: str, port: int, service: str) -> bool:
 
 
 # --- running a scenario -----------------------------------------------------------------------
+
 
 class Deadline(Exception):
     """The scenario ran out of its time: raised in it, so the report is still printed."""
@@ -532,9 +582,27 @@ def run(directory: Path, timeout: float, env: dict[str, str] | None = None) -> s
     graph_file = directory / "graph.json"
     graph_file.write_text(json.dumps({**json.loads(graph_file.read_text()), "deadline": timeout - 15}))
     return subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child", "--",
-         sys.executable, "-m", "tests.e2e.sandbox", str(directory)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=die_with_parent,
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--net",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--",
+            sys.executable,
+            "-m",
+            "tests.e2e.sandbox",
+            str(directory),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        preexec_fn=die_with_parent,
     )
 
 

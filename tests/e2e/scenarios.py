@@ -20,8 +20,9 @@ PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
 WORKER_INFO = "infera.amd.com/worker-info"
 
 
-def request(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
-            headers: dict[str, str] | None = None) -> tuple[int, Any]:
+def request(
+    url: str, body: dict[str, Any] | None = None, timeout: float = 30, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
@@ -32,8 +33,10 @@ def request(url: str, body: dict[str, Any] | None = None, timeout: float = 30,
 
 
 def chat(cluster: Cluster, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
-    status, body = request(f"{cluster.url('server')}/v1/chat/completions",
-                           {"model": MODEL, "messages": [{"role": "user", "content": prompt}], **extra})
+    status, body = request(
+        f"{cluster.url('server')}/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": prompt}], **extra},
+    )
     assert status == 200, (status, body)
     return body
 
@@ -41,8 +44,11 @@ def chat(cluster: Cluster, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]
 def stream_chat(cluster: Cluster, prompt: str = PROMPT, timeout: float = 60, **extra: Any) -> tuple[list[str], bool]:
     """The content deltas of a streamed chat completion, and whether it ended with [DONE]."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True, **extra}
-    req = urllib.request.Request(f"{cluster.url('server')}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{cluster.url('server')}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     deltas, done = [], False
     with urllib.request.urlopen(req, timeout=timeout) as reply:
         assert reply.status == 200
@@ -51,7 +57,7 @@ def stream_chat(cluster: Cluster, prompt: str = PROMPT, timeout: float = 60, **e
             if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
-                choices = json.loads(line[len("data: "):]).get("choices") or [{}]
+                choices = json.loads(line[len("data: ") :]).get("choices") or [{}]
                 deltas.append(choices[0].get("delta", {}).get("content") or "")
     return deltas, done
 
@@ -90,10 +96,17 @@ def assert_calls_allowed(cluster: Cluster) -> None:
     for call in cluster.kube.events:
         parts = call.path.strip("/").split("/")
         group = "" if parts[0] == "api" else parts[1]
-        resource, name = (parts[parts.index("namespaces") + 2:] + [None])[:2]
-        verb = {"PATCH": "patch"}.get(call.method) or ("watch" if call.query.get("watch") else "get" if name else "list")
-        assert any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
-                   and (not rule.get("resourceNames") or name in rule["resourceNames"]) for rule in rules), call
+        resource, name = (parts[parts.index("namespaces") + 2 :] + [None])[:2]
+        verb = {"PATCH": "patch"}.get(call.method) or (
+            "watch" if call.query.get("watch") else "get" if name else "list"
+        )
+        assert any(
+            group in rule["apiGroups"]
+            and resource in rule["resources"]
+            and verb in rule["verbs"]
+            and (not rule.get("resourceNames") or name in rule["resourceNames"])
+            for rule in rules
+        ), call
 
 
 def start(cluster: Cluster) -> None:
@@ -104,8 +117,11 @@ def start(cluster: Cluster) -> None:
 def assert_registered(cluster: Cluster, *services: str) -> None:
     """Every worker service's pod registered, at its Pod IP, active."""
     expected = sorted(f"http://{cluster.pod_of(s).ip}:{worker_port(cluster.pod_of(s))}" for s in services)
-    wait_until(f"workers {', '.join(services)} registered",
-               lambda: sorted(w["url"] for w in registered(cluster) if w["status"] == "active") == expected, 30)
+    wait_until(
+        f"workers {', '.join(services)} registered",
+        lambda: sorted(w["url"] for w in registered(cluster) if w["status"] == "active") == expected,
+        30,
+    )
 
 
 def assert_prefix_cache_hit(cluster: Cluster, worker: Pod) -> None:
@@ -117,8 +133,11 @@ def assert_prefix_cache_hit(cluster: Cluster, worker: Pod) -> None:
     record = engine_requests(worker)[-1]
     pages = record["prompt_tokens"] // PAGE_SIZE
     assert pages >= 8, record  # a prompt long enough to mean something
-    wait_until(f"the events of the prompt's {pages} pages to reach the router's cache view",
-               lambda: metric(router, "infera_policy_cache_view_size") >= view_before + pages, 20)
+    wait_until(
+        f"the events of the prompt's {pages} pages to reach the router's cache view",
+        lambda: metric(router, "infera_policy_cache_view_size") >= view_before + pages,
+        20,
+    )
     hits_before = metric(router, "infera_router_pick_cache_hits_sum")
     chat(cluster)
     hits = metric(router, "infera_router_pick_cache_hits_sum") - hits_before
@@ -127,6 +146,7 @@ def assert_prefix_cache_hit(cluster: Cluster, worker: Pod) -> None:
 
 
 # --- the scenarios --------------------------------------------------------------------------
+
 
 def serves_and_routes_by_prefix(cluster: Cluster) -> None:
     """A mixed worker behind the router: it registers where it is, answers unary and streamed
@@ -152,10 +172,14 @@ def serves_and_routes_by_prefix(cluster: Cluster) -> None:
     nats = cluster.pod_of("nats")
     status, streams = request(f"http://{nats.ip}:8222/jsz?streams=true")
     assert status == 200
-    kv_stream = [s for account in streams["account_details"] for s in account["stream_detail"] if s["name"] == "INFERA_KV_EVENTS"]
+    kv_stream = [
+        s for account in streams["account_details"] for s in account["stream_detail"] if s["name"] == "INFERA_KV_EVENTS"
+    ]
     assert kv_stream and kv_stream[0]["state"]["messages"] > 0, streams
-    print("JetStream messages:", {s["name"]: s["state"]["messages"] for account in streams["account_details"]
-                                  for s in account["stream_detail"]})
+    print(
+        "JetStream messages:",
+        {s["name"]: s["state"]["messages"] for account in streams["account_details"] for s in account["stream_detail"]},
+    )
 
 
 def disaggregates(cluster: Cluster) -> None:
@@ -203,8 +227,9 @@ def drains_on_scale_down(cluster: Cluster) -> None:
 
     def generate() -> None:
         try:
-            outcome["deltas"], outcome["done"] = stream_chat(cluster, "hello world", timeout=120, max_tokens=tokens,
-                                                            ignore_eos=True)
+            outcome["deltas"], outcome["done"] = stream_chat(
+                cluster, "hello world", timeout=120, max_tokens=tokens, ignore_eos=True
+            )
         except Exception as error:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = error
 
@@ -214,9 +239,18 @@ def drains_on_scale_down(cluster: Cluster) -> None:
     stopping = threading.Thread(target=cluster.stop_pod, args=(worker,))
     stopping.start()
     # The router drops the pod from routing on its deletion, long before the process is signalled.
-    wait_until("the router to stop routing to the deleted pod",
-               lambda: request(f"{cluster.url('server')}/v1/chat/completions",
-                               {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, timeout=10)[0] == 503, 10)
+    wait_until(
+        "the router to stop routing to the deleted pod",
+        lambda: (
+            request(
+                f"{cluster.url('server')}/v1/chat/completions",
+                {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                timeout=10,
+            )[0]
+            == 503
+        ),
+        10,
+    )
     stopping.join(timeout=150)
     stream.join(timeout=60)
     assert "error" not in outcome, outcome.get("error")
@@ -227,8 +261,13 @@ def drains_on_scale_down(cluster: Cluster) -> None:
     assert worker.container("infera").process.returncode == 0, worker.container("infera").tail()
     if cluster.kube is not None:
         # It cleared its own record once signalled: after the preStop delay, not before.
-        cleared = [call.at for call in cluster.kube.events if call.method == "PATCH" and call.path.endswith(f"/pods/{worker.name}")
-                   and (call.body or {}).get("metadata", {}).get("annotations", {}).get(WORKER_INFO, "") is None]
+        cleared = [
+            call.at
+            for call in cluster.kube.events
+            if call.method == "PATCH"
+            and call.path.endswith(f"/pods/{worker.name}")
+            and (call.body or {}).get("metadata", {}).get("annotations", {}).get(WORKER_INFO, "") is None
+        ]
         pre_stop = int(worker.pod.spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1])
         assert cleared and cleared[0] - worker.stop_began >= pre_stop, (cleared, worker.stop_began, pre_stop)
         assert_calls_allowed(cluster)
@@ -250,12 +289,20 @@ def ask_the_picker(cluster: Cluster, body: dict[str, Any]) -> dict[str, str]:
     certificate = ssl.get_server_certificate((host, port)).encode()  # self-signed: trusted as it is
     credentials = grpc.ssl_channel_credentials(root_certificates=certificate)
     raw = json.dumps(body).encode()
-    headers = pb.HeaderMap(headers=[pb.HeaderValue(key=k, raw_value=v.encode()) for k, v in
-                                    ((":method", "POST"), (":path", "/v1/chat/completions"), ("content-type", "application/json"))])
-    messages = [pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=headers)),
-                pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True))]
+    headers = pb.HeaderMap(
+        headers=[
+            pb.HeaderValue(key=k, raw_value=v.encode())
+            for k, v in ((":method", "POST"), (":path", "/v1/chat/completions"), ("content-type", "application/json"))
+        ]
+    )
+    messages = [
+        pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=headers)),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=raw, end_of_stream=True)),
+    ]
     target_name = certificate_name(certificate)
-    with grpc.secure_channel(f"{host}:{port}", credentials, options=[("grpc.ssl_target_name_override", target_name)]) as channel:
+    with grpc.secure_channel(
+        f"{host}:{port}", credentials, options=[("grpc.ssl_target_name_override", target_name)]
+    ) as channel:
         replies = list(pb_grpc.ExternalProcessorStub(channel).Process(iter(messages), timeout=10))
     decision = replies[-1].request_body.response.header_mutation.set_headers
     return {option.header.key: option.header.raw_value.decode() for option in decision}
@@ -265,7 +312,9 @@ def certificate_name(pem: bytes) -> str:
     from cryptography import x509
 
     certificate = x509.load_pem_x509_certificate(pem)
-    return certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)[0]
+    return certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )[0]
 
 
 def gateway_routes_to_the_group_leader(cluster: Cluster) -> None:
@@ -282,13 +331,17 @@ def gateway_routes_to_the_group_leader(cluster: Cluster) -> None:
     frontend_port = cluster.spec["gaie"]["frontendPort"]
     frontend = f"http://{leader.ip}:{frontend_port}"
     worker_url = f"http://{leader.ip}:{worker_port(leader)}"
-    wait_until("rank 0, alone, registered",
-               lambda: [w["url"] for w in registered(cluster, frontend)] == [worker_url], 30)
+    wait_until(
+        "rank 0, alone, registered", lambda: [w["url"] for w in registered(cluster, frontend)] == [worker_url], 30
+    )
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
     picked = ask_the_picker(cluster, body)
     assert picked["x-gateway-destination-endpoint"] == f"{leader.ip}:{frontend_port}", picked
-    status, reply = request(f"http://{picked['x-gateway-destination-endpoint']}/v1/chat/completions", body,
-                            headers={"x-worker-instance-id": picked["x-worker-instance-id"]})
+    status, reply = request(
+        f"http://{picked['x-gateway-destination-endpoint']}/v1/chat/completions",
+        body,
+        headers={"x-worker-instance-id": picked["x-worker-instance-id"]},
+    )
     assert status == 200, reply
     assert f"pod={leader.name}" in reply["choices"][0]["message"]["content"], reply
     # Rank 1 serves no API (as SGLang's other ranks): traffic sent there would fail.

@@ -51,7 +51,9 @@ def _lead(nnodes: int, host: str, port: int, address: str, timeout: float) -> Gr
             for peer in joined.values():
                 peer.sendall(b"ready\n")
         except TimeoutError:
-            raise SystemExit(f"the group at {address} did not form: ranks {sorted(joined)} of {nnodes - 1} joined") from None
+            raise SystemExit(
+                f"the group at {address} did not form: ranks {sorted(joined)} of {nnodes - 1} joined"
+            ) from None
         finally:
             for peer in joined.values():
                 peer.close()

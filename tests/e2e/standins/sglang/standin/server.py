@@ -435,8 +435,9 @@ def follower_api(engine: Engine) -> Starlette:
     async def served_requests(_: Request) -> Response:
         return JSONResponse([])
 
-    return Starlette(routes=[Route("/health", health), Route("/standin/group", group),
-                             Route("/standin/requests", served_requests)])
+    return Starlette(
+        routes=[Route("/health", health), Route("/standin/group", group), Route("/standin/requests", served_requests)]
+    )
 
 
 def application(engine: Engine) -> ASGIApp:
