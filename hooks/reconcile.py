@@ -1,6 +1,7 @@
 """The hooks as pure functions: a parsed Metacontroller request in, the answer out."""
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from hooks import admission, preflight, status, vocabulary
@@ -24,10 +25,22 @@ def _where_registered(kind: str) -> str:
     return f"the kustomize component metacontroller/components/{component}"
 
 
-def render_children(idep: InferaDeployment) -> list[dict]:
+def render_children(idep: InferaDeployment, allows: Callable[[dict], bool] = lambda child: True) -> list[dict]:
     """Every desired child, in a stable order: plumbing first, then services by name, with
     spec.patches applied. Each child is measured as it is made: SpecError once one, or all
-    together, outgrow the size bounds."""
+    together, outgrow the size bounds.
+
+    GAIE is all or nothing: when `allows` (the kinds the CompositeController registers) refuses
+    a gateway object, the graph is rendered as with GAIE off (no sidecars rolled into every GPU
+    pod, no router in direct mode), and the gateway objects follow unpatched, for
+    withhold_unregistered to name."""
+    gateway = gaie.render(idep)
+    if not all(allows(child) for child in gateway):
+        return _rendered(gaie.without_gateway(idep), []) + gateway
+    return _rendered(idep, gateway)
+
+
+def _rendered(idep: InferaDeployment, gateway: list[dict]) -> list[dict]:
     sizes = RenderedSize()
     children: list[dict] = []
 
@@ -35,7 +48,7 @@ def render_children(idep: InferaDeployment) -> list[dict]:
         sizes.add(child)
         children.append(child)
 
-    for child in discovery.render(idep) + nats.render(idep) + gaie.render(idep):
+    for child in discovery.render(idep) + nats.render(idep) + gateway:
         add(child)
     for service, svc in sorted(idep.spec.services.items()):
         add(workload(idep, service, svc))
@@ -54,11 +67,7 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
 def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
     try:
         idep = InferaDeployment.from_parent(request.parent)
-        children = render_children(idep)
-        if idep.spec.gaie.enabled and not all(request.allows(child) for child in gaie.render(idep)):
-            # Without its gateway objects, GAIE would only half-convert the graph (sidecars
-            # rolled into every GPU pod, a router in direct mode): keep the graph as without it.
-            children = render_children(gaie.without_gateway(idep)) + gaie.render(idep)
+        children = render_children(idep, request.allows)
         preflight.check_graph(idep, children)
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.children)

@@ -76,7 +76,7 @@ def test_readyz_fails_when_a_known_good_graph_does_not_render(monkeypatch: pytes
 
     client = app_module.create_app().test_client()
     assert client.get("/readyz").json == {"status": "ready"}
-    monkeypatch.setattr(reconcile, "render_children", lambda idep: [][0])
+    monkeypatch.setattr(reconcile, "render_children", lambda idep, allows: [][0])
     reply = client.get("/readyz")
     assert reply.status_code == 503
     assert reply.json == {
