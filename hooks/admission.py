@@ -33,7 +33,7 @@ from hooks.api import (
     qualified_key_problem,
     shown,
 )
-from hooks.contract import field_at
+from hooks.contract import field_at, is_string_map
 from hooks.kubernetes_schema import Problem
 from hooks.quantity import quantity_value
 from hooks.vocabulary import SERVICE_LABEL
@@ -59,10 +59,7 @@ def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
         yield where, "must be an object"
         return
     for field in ("labels", "annotations"):
-        mapping = metadata.get(field)
-        if mapping is not None and not (
-            isinstance(mapping, dict) and all(isinstance(v, str) for v in mapping.values())
-        ):
+        if not is_string_map(metadata.get(field)):
             yield f"{where}.{field}", "must be an object of strings"
             return
     labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}

@@ -92,12 +92,13 @@ def _is_kubernetes_object(obj: Any) -> bool:
         isinstance(metadata, dict)
         and isinstance(metadata.get("name"), str)
         and isinstance(obj.get("kind"), str)
-        and all(_strings(metadata.get(field)) for field in ("labels", "annotations"))
+        and all(is_string_map(metadata.get(field)) for field in ("labels", "annotations"))
         and all(isinstance(obj.get(field), dict | None) for field in ("spec", "status"))
     )
 
 
-def _strings(mapping: Any) -> bool:
+def is_string_map(mapping: Any) -> bool:
+    """Absent, or an object of strings: what labels and annotations may be."""
     return mapping is None or (isinstance(mapping, dict) and all(isinstance(value, str) for value in mapping.values()))
 
 
