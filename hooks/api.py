@@ -660,12 +660,15 @@ class InferaDeploymentSpec(ApiModel):
         return self
 
 
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
 class Condition(ApiModel):
     """A metav1.Condition."""
 
     type: str
     """Condition type in CamelCase, e.g. Ready."""
-    status: Literal["True", "False", "Unknown"]
+    status: ConditionStatus
     """Whether the condition holds."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     """The metadata.generation the condition was computed from."""

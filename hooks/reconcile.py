@@ -79,7 +79,9 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
         message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
         return _keep_observed(request, message, now)
     return {
-        "status": status.roll_up(idep, request.children, _previous_status(request), now, notices, unregistered),
+        "status": status.as_wire(
+            status.roll_up(idep, request.children, _previous_status(request), now, notices, unregistered)
+        ),
         "children": children,
     }
 
@@ -117,8 +119,8 @@ def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> dic
     creating nothing new."""
     generation = request.parent["metadata"].get("generation")
     return {
-        "status": status.failed(
-            message, generation if isinstance(generation, int) else 0, _previous_status(request), now
+        "status": status.as_wire(
+            status.failed(message, generation if isinstance(generation, int) else 0, _previous_status(request), now)
         ),
         "children": [as_last_applied(child) for child in request.children],
     }

@@ -9,7 +9,15 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from hooks.api import InferaDeployment
+from hooks.api import (
+    Condition,
+    ConditionStatus,
+    GaieStatus,
+    InferaDeployment,
+    InferaDeploymentStatus,
+    ServiceStatus,
+    State,
+)
 from hooks.contract import child_key
 from hooks.vocabulary import EPP_SUFFIX, child_name, pool_name, route_name, workload_kind
 
@@ -32,18 +40,41 @@ def _conditions(previous: dict[str, Any]) -> list[Any]:
 
 
 def _condition(
-    kind: str, status: str, reason: str, message: str, generation: int, previous: dict[str, Any], now: Clock
-) -> dict[str, Any]:
+    kind: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: dict[str, Any],
+    now: Clock,
+) -> Condition:
     prior = next((c for c in _conditions(previous) if isinstance(c, dict) and c.get("type") == kind), {})
     unchanged = prior.get("status") == status and isinstance(prior.get("lastTransitionTime"), str)
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "lastTransitionTime": prior["lastTransitionTime"] if unchanged else now().strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=prior["lastTransitionTime"] if unchanged else now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+
+
+def _carried_over(kind: str, previous: dict[str, Any]) -> list[Condition]:
+    """The previous status's condition of that type, if it still fits the CRD (else it is dropped:
+    the API server would have pruned or refused it anyway)."""
+    for condition in _conditions(previous):
+        if isinstance(condition, dict) and condition.get("type") == kind:
+            try:
+                return [Condition.model_validate(condition)]
+            except ValueError:
+                return []
+    return []
+
+
+def as_wire(status: InferaDeploymentStatus) -> dict[str, Any]:
+    """The status as the API server stores it: camelCase, unset fields left out."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
@@ -72,18 +103,18 @@ def _current_ready(workload: dict | None) -> int:
     return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
 
 
-def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, dict]:
+def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, ServiceStatus]:
     """Each service's workload kind and counts as the workload reports them: the replicas it has
     now, not the ones asked for (the router's scaling API reads them as the current count)."""
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
         workload = _workload(idep, service, by_key)
         reported = (workload or {}).get("status") or {}
-        statuses[service] = {
-            "kind": workload["kind"] if workload else workload_kind(svc),
-            "replicas": _as_int(reported.get("replicas")),
-            "readyReplicas": _as_int(reported.get("readyReplicas")),
-        }
+        statuses[service] = ServiceStatus(
+            kind=workload["kind"] if workload else workload_kind(svc),
+            replicas=_as_int(reported.get("replicas")),
+            ready_replicas=_as_int(reported.get("readyReplicas")),
+        )
     return statuses
 
 
@@ -107,7 +138,7 @@ def _reports_conditions(obj: dict[str, Any]) -> bool:
     return any(isinstance(p, dict) and p.get("conditions") for p in (obj.get("status") or {}).get("parents") or [])
 
 
-def gaie_status(idep: InferaDeployment, by_key: Observed) -> dict[str, Any]:
+def gaie_status(idep: InferaDeployment, by_key: Observed) -> GaieStatus:
     """The Inference Gateway objects as their controllers report them."""
     epp = by_key.get(("Deployment", child_name(idep, EPP_SUFFIX))) or {}
     pool = by_key.get(("InferencePool", pool_name(idep)))
@@ -117,25 +148,25 @@ def gaie_status(idep: InferaDeployment, by_key: Observed) -> dict[str, Any]:
     # A pool is ready once it exists, or, when its gateway writes conditions, once Accepted.
     pool_ready = pool is not None and (_accepted(pool) or not _reports_conditions(pool))
     route_accepted = _accepted(route)
-    return {
-        "eppReplicas": epp_replicas,
-        "eppReadyReplicas": epp_ready,
-        "inferencePoolName": pool_name(idep),
-        "httpRouteName": route_name(idep),
-        "inferencePoolReady": pool_ready,
-        "httpRouteAccepted": route_accepted,
-        "ready": epp_ready >= 1 and pool_ready and route_accepted,
-    }
+    return GaieStatus(
+        epp_replicas=epp_replicas,
+        epp_ready_replicas=epp_ready,
+        inference_pool_name=pool_name(idep),
+        http_route_name=route_name(idep),
+        inference_pool_ready=pool_ready,
+        http_route_accepted=route_accepted,
+        ready=epp_ready >= 1 and pool_ready and route_accepted,
+    )
 
 
-def _gaie_waiting(status: dict[str, Any]) -> str | None:
-    if status["ready"]:
+def _gaie_waiting(status: GaieStatus) -> str | None:
+    if status.ready:
         return None
-    parts = [f"EPP {status['eppReadyReplicas']}/{status['eppReplicas']} ready"]
-    if not status["inferencePoolReady"]:
-        parts.append(f"InferencePool {status['inferencePoolName']} not accepted")
-    if not status["httpRouteAccepted"]:
-        parts.append(f"HTTPRoute {status['httpRouteName']} not accepted")
+    parts = [f"EPP {status.epp_ready_replicas}/{status.epp_replicas} ready"]
+    if not status.inference_pool_ready:
+        parts.append(f"InferencePool {status.inference_pool_name} not accepted")
+    if not status.http_route_accepted:
+        parts.append(f"HTTPRoute {status.http_route_name} not accepted")
     return "gateway: " + ", ".join(parts)
 
 
@@ -146,7 +177,7 @@ def roll_up(
     now: Clock,
     notices: Sequence[str] = (),
     unregistered: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> InferaDeploymentStatus:
     """`notices` are changes that could not be applied; `unregistered` names children withheld
     because the CompositeController does not register their kind (the graph is then failed)."""
     generation = idep.metadata.generation
@@ -158,6 +189,7 @@ def roll_up(
     total = len(services)
     gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None
     gateway_waiting = _gaie_waiting(gateway) if gateway else None
+    state: State
     if not observed:
         state, reason, message = "initializing", "Initializing", f"creating {total} services"
     elif waiting or gateway_waiting:
@@ -173,31 +205,34 @@ def roll_up(
     else:
         state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"
     # A graph that cannot be rendered as specified is not ready, whatever still runs.
-    ready_condition = (
+    ready_condition: tuple[ConditionStatus, str, str] = (
         ("False", "KindNotRegistered", "; ".join(unregistered))
         if unregistered
         else ("True" if state == "ready" else "False", reason, message)
     )
     spec_message = "; ".join(notices) if notices else "spec is valid and rendered"
-    kinds_condition = (
+    kinds_condition: tuple[ConditionStatus, str, str] = (
         ("False", "KindNotRegistered", "; ".join(unregistered))
         if unregistered
         else ("True", "AllRegistered", "every child kind the spec needs is registered")
     )
-    status = {
-        "state": "failed" if unregistered else state,
-        "message": "; ".join([*unregistered, message, *notices]),
-        "readyServices": f"{total - len(waiting)}/{total}",
-        "services": services,
-        "conditions": [
+    return InferaDeploymentStatus(
+        state="failed" if unregistered else state,
+        message="; ".join([*unregistered, message, *notices]),
+        ready_services=f"{total - len(waiting)}/{total}",
+        services=services,
+        conditions=[
             _condition("Ready", *ready_condition, generation, previous, now),
             _condition("ChildKindsRegistered", *kinds_condition, generation, previous, now),
             _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
         ],
-    }
-    if gateway:
-        status["gaie"] = gateway
-    return status
+        gaie=gateway,
+    )
+
+
+def terminating(message: str) -> InferaDeploymentStatus:
+    """During teardown only the state and what the finalizer waits on are reported."""
+    return InferaDeploymentStatus(state="terminating", message=message)
 
 
 # A failure message quotes what is wrong, and a hostile spec can make that anything: the status
@@ -212,14 +247,14 @@ def _bounded(message: str) -> str:
     return f"{message[:cut]} … ({len(message) - cut} more characters)"
 
 
-def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> dict[str, Any]:
+def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> InferaDeploymentStatus:
     """A spec that cannot be rendered: say what is wrong; readiness is not judged meanwhile, and
     ChildKindsRegistered stays as last evaluated (so its transition time survives the fix)."""
     message = _bounded(message)
-    return {
-        "state": "failed",
-        "message": message,
-        "conditions": [
+    return InferaDeploymentStatus(
+        state="failed",
+        message=message,
+        conditions=[
             _condition(
                 "Ready",
                 "Unknown",
@@ -229,7 +264,7 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
                 previous,
                 now,
             ),
-            *[c for c in _conditions(previous) if isinstance(c, dict) and c.get("type") == "ChildKindsRegistered"],
+            *_carried_over("ChildKindsRegistered", previous),
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),
         ],
-    }
+    )

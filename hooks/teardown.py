@@ -22,7 +22,7 @@ from typing import Any
 from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied, field_at
 from hooks.renderers.pods import pod_template as workload_template
-from hooks.status import Clock, utc_now
+from hooks.status import Clock, as_wire, terminating, utc_now
 from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
 
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
@@ -108,7 +108,7 @@ def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
         by_stage[stage(child)].append(child)
     if not request.children:
         return {
-            "status": {"state": "terminating", "message": "all children deleted"},
+            "status": as_wire(terminating("all children deleted")),
             "children": [],
             "finalized": True,
         }
@@ -129,7 +129,7 @@ def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
     else:
         kept, message = [], f"removing the NATS broker and discovery identity ({len(by_stage['plane'])} objects)"
     return {
-        "status": {"state": "terminating", "message": message},
+        "status": as_wire(terminating(message)),
         "children": [as_last_applied(child) for child in kept],
         "finalized": False,
         "resyncAfterSeconds": RESYNC_SECONDS,
