@@ -1,4 +1,6 @@
-"""The runtime contract: what every process of the graph is started with, and why.
+"""The runtime contract: the command line every process of the graph is started with, the
+timing budgets (drain, grace, model load) the pods are sized from, and why. The environment
+those processes get is renderers/env.py's; their probes and preStop are renderers/probes.py's.
 
 The pods run the Infera runtime (AMD-AGI/Infera 5890f7f, the `rocm/infera` v0.1.1–v0.2.10
 images). Each flag and variable here is read by one of its entry points, and only by the ones it
@@ -20,7 +22,6 @@ process told nothing would retry 127.0.0.1:4222 forever instead of serving.
 import math
 import re
 from enum import StrEnum
-from typing import Any
 
 from hooks.api import InferaDeployment, ServiceSpec, SpecError
 from hooks.renderers import discovery, nats
@@ -189,97 +190,7 @@ def epp_command(idep: InferaDeployment) -> list[str]:
     ]
 
 
-def field_env(name: str, field_path: str) -> dict:
-    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
-
-
-def operator_env(idep: InferaDeployment, process: Process) -> list[dict]:
-    """The workers' model-load budget, spec.envs, then what the runtime reads: NATS_SERVER (the
-    NATS clients' fallback when a template's command gives no --nats-server), the pod's identity
-    (a worker patches its own Pod and advertises POD_IP; the server finds its InferaDeployment
-    from its Pod) and the routers' selector (read when a template's command gives none)."""
-    # A default the user may set otherwise, in spec.envs too: first, so a later value wins.
-    env = [{"name": READY_TIMEOUT_ENV, "value": str(MODEL_LOAD_SECONDS)}] if process == Process.WORKER else []
-    env += [env_var(var) for var in idep.spec.envs or []]
-    url = nats.client_url(idep)
-    if url:
-        env.append({"name": NATS_ENV, "value": url})
-    env += [
-        field_env("POD_NAME", "metadata.name"),
-        field_env("POD_NAMESPACE", "metadata.namespace"),
-        field_env("POD_IP", "status.podIP"),
-    ]
-    if process in ROUTERS and idep.spec.discovery_backend == "kubernetes":
-        env.append({"name": SELECTOR_ENV, "value": discovery.label_selector(idep)})
-    return last_wins(env)
-
-
-def env_var(var: Any) -> dict:
-    """An API EnvVar as the API server stores it: an empty value is stored as absent."""
-    rendered: dict = {"name": var.name}
-    if var.value:
-        rendered["value"] = var.value
-    if var.value_from is not None:
-        rendered["valueFrom"] = var.value_from.model_dump(by_alias=True, exclude_none=True)
-    return rendered
-
-
-def last_wins(env: list[dict]) -> list[dict]:
-    """A name set twice keeps its first position and its last value, so users override what the
-    operator injects without producing duplicate names (which the API server only warns about)."""
-    by_name: dict[str, dict] = {}
-    for var in env:
-        by_name[var["name"]] = var
-    return list(by_name.values())
-
-
-def _http_probe(path: str, port: int, **timing: int) -> dict:
-    return {"httpGet": {"path": path, "port": port, "scheme": "HTTP"}, "successThreshold": 1, **timing}
-
-
-def worker_probes(port: int, env: list[dict]) -> dict[str, dict]:
-    """The engine's /health, three ways. Startup: a model load is never killed, however long
-    the wrapper is allowed to wait for it. Liveness, once started: a hung engine is restarted
-    after three minutes without an answer (a full batch can stall /health for seconds, never
-    minutes). Readiness: the upstream operator's timing (its /health runs a tiny prefill that
-    often takes over a second)."""
-    load = max(MODEL_LOAD_SECONDS, ready_timeout_seconds(env))
-    return {
-        "startupProbe": _http_probe(
-            "/health",
-            port,
-            periodSeconds=STARTUP_PERIOD_SECONDS,
-            timeoutSeconds=10,
-            failureThreshold=math.ceil((load + STARTUP_SLACK_SECONDS) / STARTUP_PERIOD_SECONDS),
-        ),
-        "livenessProbe": _http_probe("/health", port, periodSeconds=20, timeoutSeconds=10, failureThreshold=9),
-        "readinessProbe": _http_probe(
-            "/health", port, initialDelaySeconds=15, periodSeconds=15, timeoutSeconds=10, failureThreshold=6
-        ),
-    }
-
-
-def router_readiness(path: str, port: int) -> dict:
-    """A router is ready once it serves HTTP (its /health answers while it has no workers)."""
-    return _http_probe(path, port, periodSeconds=10, timeoutSeconds=5, failureThreshold=3)
-
-
-def epp_readiness() -> dict:
-    """The gRPC health service the picker serves on its health port."""
-    return {
-        "grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"},
-        "failureThreshold": 3,
-        "periodSeconds": 10,
-        "successThreshold": 1,
-        "timeoutSeconds": 5,
-    }
-
-
-def prestop() -> dict:
-    return {"exec": {"command": ["sleep", str(PRESTOP_SECONDS)]}}
-
-
-# --- Values the runtime reads from a command line and environment ---------------------------
+# Values the runtime reads from a command line and environment.
 
 
 def flag_value(args: list[str], flag: str) -> str | None:

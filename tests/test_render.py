@@ -72,3 +72,26 @@ def test_file_and_yaml_errors_are_one_line() -> None:
     )
     nothing = render("-", stdin="kind: ConfigMap\n")
     assert nothing.stderr == "infera-hooks render: -: no InferaDeployment found\n"
+
+
+def _shared_objects(node: object, seen: dict[int, object]) -> list[object]:
+    """Dicts and lists reachable twice in one tree."""
+    if not isinstance(node, dict | list):
+        return []
+    if id(node) in seen:
+        return [node]
+    seen[id(node)] = node
+    values = node.values() if isinstance(node, dict) else node
+    return [shared for value in values for shared in _shared_objects(value, seen)]
+
+
+def test_no_two_places_in_a_graph_share_an_object() -> None:
+    """A shared dict would be changed twice by one in-place patch, and it is printed as a YAML
+    alias (`&id001`) that kubectl apply users do not expect."""
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        for parent in load_yaml(example):
+            if parent.get("kind") != "InferaDeployment":
+                continue
+            answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
+            assert answer["status"]["state"] == "initializing", answer["status"]["message"]
+            assert _shared_objects(answer["children"], {}) == [], example.name

@@ -1,10 +1,13 @@
 """The Inference Gateway front door: Endpoint Picker (Deployment + Service), InferencePool and
-HTTPRoute. The frontend sidecar it routes to lives in the worker pods (pods.frontend_sidecar)."""
+HTTPRoute, and the frontend sidecar the gateway routes to, which the pod renderer adds to every
+serving worker pod."""
+
+from typing import Any
 
 from hooks import runtime
 from hooks.api import InferaDeployment
-from hooks.renderers import discovery
-from hooks.renderers.pods import gaie_image
+from hooks.renderers import discovery, probes
+from hooks.renderers.env import operator_env
 from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
 from hooks.vocabulary import (
     BY_KIND,
@@ -19,6 +22,28 @@ from hooks.vocabulary import (
     selector_labels,
 )
 
+FRONTEND_CONTAINER = "infera-frontend"
+FRONTEND_PORT_NAME = "frontend"
+
+
+def gaie_image(idep: InferaDeployment) -> str | None:
+    return idep.spec.gaie.epp_image or idep.spec.image
+
+
+def frontend_sidecar(idep: InferaDeployment) -> dict[str, Any]:
+    port = idep.spec.gaie.frontend_port
+    return {
+        "name": FRONTEND_CONTAINER,
+        "image": gaie_image(idep),
+        "command": runtime.frontend_command(idep),
+        "ports": [{"name": FRONTEND_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": operator_env(idep, Process.FRONTEND),
+        # All gateway traffic enters through the sidecar: it must outlive the endpoint's removal
+        # from the InferencePool just as the engine does.
+        "lifecycle": {"preStop": probes.prestop()},
+        "readinessProbe": probes.router_readiness("/v1/models", port),
+    }
+
 
 def epp_deployment(idep: InferaDeployment) -> dict:
     container = {
@@ -29,8 +54,8 @@ def epp_deployment(idep: InferaDeployment) -> dict:
             {"name": "grpc-ext-proc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
             {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
         ],
-        "env": runtime.operator_env(idep, Process.EPP),
-        "readinessProbe": runtime.epp_readiness(),
+        "env": operator_env(idep, Process.EPP),
+        "readinessProbe": probes.epp_readiness(),
     }
     return {
         "apiVersion": "apps/v1",

@@ -4,25 +4,18 @@ rollout defaults the template leaves unset. What the processes are told is hooks
 from hooks import preflight, runtime
 from hooks.api import InferaDeployment, ServiceSpec, primary_index
 from hooks.quantity import canonical_quantity
-from hooks.renderers import discovery, overlay
-from hooks.runtime import Process
+from hooks.renderers import discovery, overlay, probes
+from hooks.renderers.env import service_env
+from hooks.renderers.gaie import frontend_sidecar
 from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
 
 # As the upstream operator names them: scripts run `kubectl logs -c infera`.
 PRIMARY_CONTAINER = "infera"
-FRONTEND_CONTAINER = "infera-frontend"
 PORT_NAME = "http"
-FRONTEND_PORT_NAME = "frontend"
 SHM_VOLUME = "dshm"
 # The node's kernel config, read by the runtime's GPU-direct checks (engine images ship none, and
 # kvd silently falls back to bouncing loads through the CPU).
 BOOT_VOLUME = "boot-config"
-
-
-def container_env(idep: InferaDeployment, svc: ServiceSpec) -> list[dict]:
-    """The operator's env, then the service's own env, which wins."""
-    process = Process.WORKER if svc.is_worker else Process.SERVER
-    return runtime.last_wins(runtime.operator_env(idep, process) + [runtime.env_var(v) for v in svc.env or []])
 
 
 def _resources(svc: ServiceSpec) -> dict:
@@ -80,7 +73,7 @@ def primary_container(idep: InferaDeployment, svc: ServiceSpec, mounts: list[dic
         "image": svc.image or idep.spec.image,
         "command": command,
         "ports": [{"name": PORT_NAME, "containerPort": svc.effective_port, "protocol": "TCP"}],
-        "env": container_env(idep, svc),
+        "env": service_env(idep, svc),
     }
     if svc.args:
         container["args"] = list(svc.args)
@@ -90,25 +83,6 @@ def primary_container(idep: InferaDeployment, svc: ServiceSpec, mounts: list[dic
     if mounts:
         container["volumeMounts"] = mounts
     return container
-
-
-def gaie_image(idep: InferaDeployment) -> str | None:
-    return idep.spec.gaie.epp_image or idep.spec.image
-
-
-def frontend_sidecar(idep: InferaDeployment) -> dict:
-    port = idep.spec.gaie.frontend_port
-    return {
-        "name": FRONTEND_CONTAINER,
-        "image": gaie_image(idep),
-        "command": runtime.frontend_command(idep),
-        "ports": [{"name": FRONTEND_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
-        "env": runtime.operator_env(idep, Process.FRONTEND),
-        # All gateway traffic enters through the sidecar: it must outlive the endpoint's removal
-        # from the InferencePool just as the engine does.
-        "lifecycle": {"preStop": runtime.prestop()},
-        "readinessProbe": runtime.router_readiness("/v1/models", port),
-    }
 
 
 def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
@@ -121,15 +95,15 @@ def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
     port = svc.effective_port
     if not svc.is_worker:
         if not svc.skip_readiness_probe:
-            primary.setdefault("readinessProbe", runtime.router_readiness("/health", port))
+            primary.setdefault("readinessProbe", probes.router_readiness("/health", port))
         return
     # Only the pod that serves HTTP (rank 0 of a group) answers /health; the other ranks
     # restart with their group (RecreateGroupOnPodRestart).
     if leader and not svc.skip_readiness_probe:
-        for name, probe in runtime.worker_probes(port, env).items():
+        for name, probe in probes.worker_probes(port, env).items():
             primary.setdefault(name, probe)
     lifecycle = primary.setdefault("lifecycle", {})
-    lifecycle.setdefault("preStop", runtime.prestop())
+    lifecycle.setdefault("preStop", probes.prestop())
     # A template's own grace period is only ever raised.
     spec["terminationGracePeriodSeconds"] = max(
         runtime.grace_seconds(argv, env), spec.get("terminationGracePeriodSeconds") or 0
