@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from hooks.server import GRACEFUL_TIMEOUT_SECONDS
-from tests.conftest import REPO, RESOURCE_KINDS, need_kubectl, need_schemas, validate_object
+from tests.support.prerequisites import REPO, need_kubectl, need_schemas
+from tests.support.requests import RESOURCE_KINDS
+from tests.support.schemas import validate_object
 
 CORE = [
     ("apps/v1", "deployments"),

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from hooks import api
-from tests.conftest import REPO, load_yaml, parent, upstream_corpus
+from tests.support.prerequisites import REPO
+from tests.support.requests import load_yaml, parent, upstream_corpus
 
 CRD = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
 ROOT = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SHARED, HookClient, need, parent, request_body
+from tests.support.prerequisites import REPO, SHARED, need
+from tests.support.requests import parent, request_body
+from tests.support.service import HookClient, start_server
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 
@@ -83,8 +85,6 @@ def test_oversized_body_is_refused_and_service_keeps_serving(hooks, hook_url: st
 
 
 def test_body_limit_is_configurable(tmp_path) -> None:
-    from tests.conftest import start_server
-
     with start_server(tmp_path, "--max-request-bytes", "2048") as url:
         assert post_declared_size(url, 2049) == 413
         small = HookClient(url).post("/sync", request_body(parent(PD)))
@@ -176,7 +176,11 @@ def test_child_without_last_applied_is_kept_without_server_fields(hooks) -> None
 def test_metacontroller_sample_envelopes_parse(hooks) -> None:
     """The envelope exactly as Metacontroller v4.17 serialises it, with our parent inside."""
     samples = SHARED / "metacontroller"
-    need(samples.is_dir(), f"Metacontroller sample bodies not found at {samples}")
+    need(
+        samples.is_dir(),
+        f"Metacontroller's example hook bodies are not at {samples}: they come with the project's reference "
+        "folder (set INFERA_SHARED_DIR to it), not from an upstream release",
+    )
     for name, path in (("sync_request_v2.json", "/sync"), ("finalize_request_v2.json", "/finalize")):
         body = json.loads(Path(samples / name).read_text())
         body["parent"] = parent(PD) | {"metadata": body["parent"]["metadata"]}

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO
+from tests.support.simulator import Metacontroller
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 IDS = [path.name for path in EXAMPLES]

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from hooks.crd import CRD_PATH
-from tests.conftest import REPO, SHARED, load_yaml, need, upstream_corpus
-from tests.schemas import crd_schema, validate
+from tests.support.prerequisites import REPO, UPSTREAM, need_upstream
+from tests.support.requests import load_yaml, upstream_corpus
+from tests.support.schemas import crd_schema, validate
 
 CRD_FILE = REPO / CRD_PATH
-UPSTREAM = SHARED / "upstream"
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_every_example_passes_admission(admission) -> None:
 
 def test_upstream_corpus_passes_admission(admission) -> None:
     """Our API is a superset of the upstream operator's: everything written for it is accepted."""
-    need(UPSTREAM.is_dir(), f"upstream corpus not found at {UPSTREAM} (set INFERA_SHARED_DIR)")
+    need_upstream()
     corpus = upstream_corpus()
     assert len(corpus) >= 10
     for name, doc in corpus:
@@ -194,7 +194,7 @@ def test_upstream_corpus_passes_admission(admission) -> None:
 
 def test_upstream_fields_are_all_accepted(crd: dict[str, Any]) -> None:
     """Every property path of the upstream CRD's spec exists in ours (extraPodSpec aside, open here)."""
-    need(UPSTREAM.is_dir(), f"upstream corpus not found at {UPSTREAM} (set INFERA_SHARED_DIR)")
+    need_upstream()
     upstream = yaml.safe_load((UPSTREAM / "infera.amd.com_inferadeployments.yaml").read_text())
     ours_root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     theirs_root = upstream["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -209,7 +209,7 @@ def test_upstream_fields_are_all_accepted(crd: dict[str, Any]) -> None:
 
 
 def test_upstream_printer_columns_are_kept(crd: dict[str, Any]) -> None:
-    need(UPSTREAM.is_dir(), f"upstream corpus not found at {UPSTREAM} (set INFERA_SHARED_DIR)")
+    need_upstream()
     upstream = yaml.safe_load((UPSTREAM / "infera.amd.com_inferadeployments.yaml").read_text())
     ours = {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
     for column in upstream["spec"]["versions"][0]["additionalPrinterColumns"]:

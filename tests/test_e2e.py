@@ -13,19 +13,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SHARED, controller_for, need, need_schemas, parent, request_body
 from tests.e2e import sandbox
 from tests.e2e.scenarios import MODEL, PAGE_SIZE
 from tests.e2e.tokenizer import build_tokenizer
+from tests.support.prerequisites import SHARED, need, need_runtime, need_schemas
+from tests.support.requests import controller_for, parent, request_body
 
 SCENARIO_TIMEOUT = 150
 
 
 def need_sandbox() -> None:
-    need(
-        (SHARED / "upstream" / "runtime" / "infera" / "server").is_dir(),
-        f"the Infera runtime is not at {SHARED / 'upstream' / 'runtime'} (set INFERA_SHARED_DIR)",
-    )
+    need_runtime()
     missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
     need(not missing, f"{', '.join(missing)} not on PATH (util-linux, iproute2)")
     probe = subprocess.run(

@@ -19,10 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import SHARED, need
 from tests.e2e.kube_api import KubeAPI
+from tests.support.prerequisites import RUNTIME, need_runtime
 
-RUNTIME = SHARED / "upstream" / "runtime"
 NS = "ml"
 DEPLOYMENT_LABEL = "infera.amd.com/deployment"
 SELECTOR = f"{DEPLOYMENT_LABEL}=demo"
@@ -73,7 +72,7 @@ def runtime(kube: KubeAPI, tmp_path, monkeypatch: pytest.MonkeyPatch) -> SimpleN
     """The runtime's Kubernetes modules, in-cluster configuration pointed at `kube`: its fixed
     service-account paths moved to a directory of ours, the service variables set as kubelet
     sets them."""
-    need((RUNTIME / "infera" / "common" / "discovery_k8s.py").is_file(), f"the Infera runtime is not at {RUNTIME}")
+    need_runtime()
     monkeypatch.syspath_prepend(str(RUNTIME))
     k8s_client = importlib.import_module("infera.common.k8s_client")
     account = kube.write_service_account(tmp_path / "serviceaccount", namespace=NS)

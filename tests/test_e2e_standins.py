@@ -34,13 +34,12 @@ import msgspec
 import pytest
 import zmq
 
-import tests.runtime
-from tests.conftest import SHARED, need
 from tests.e2e.tokenizer import build_tokenizer
+from tests.support import runtime as runtime_loader
+from tests.support.prerequisites import RUNTIME, SHARED, need, need_runtime
 
-RUNTIME = tests.runtime.RUNTIME
 OPTIONS = RUNTIME / "sglang-0.5.17-options.json"
-STANDINS = tests.runtime.STANDINS
+STANDINS = runtime_loader.STANDINS
 ETCD = Path(sys.executable).with_name("etcd")
 ETCD_PREFIX = "/infera/workers/"
 START_TIMEOUT_S = 30.0
@@ -49,17 +48,10 @@ POD_NAME = "standin-pod-0"
 PAGE_SIZE = 4
 
 
-def need_runtime() -> None:
-    need(
-        (RUNTIME / "infera" / "engine" / "sglang" / "worker.py").is_file() and OPTIONS.is_file(),
-        f"the Infera runtime and its SGLang option list are not at {RUNTIME} (set INFERA_SHARED_DIR)",
-    )
-
-
 def runtime(module: str) -> ModuleType:
     """A module of the Infera runtime (or of the stand-ins), imported from where it lives."""
     need_runtime()
-    return tests.runtime.load(module)
+    return runtime_loader.load(module)
 
 
 def child_env(**extra: str) -> dict[str, str]:

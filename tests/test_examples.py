@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, parent
+from tests.support.prerequisites import REPO
+from tests.support.requests import parent
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 

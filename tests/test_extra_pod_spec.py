@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, SHARED, as_vllm, controller, need, need_schemas, parent, request_body, upstream_corpus
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO, need_schemas, need_upstream
+from tests.support.requests import as_vllm, controller, parent, request_body, upstream_corpus
+from tests.support.schemas import KUBERNETES_VERSION, definition
+from tests.support.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
-UPSTREAM = SHARED / "upstream" / "examples"
 IDENTITY = ["POD_NAME", "POD_NAMESPACE", "POD_IP"]
 
 
@@ -225,7 +226,6 @@ def test_malformed_templates_fail_and_keep_children(hooks, extra: dict, message:
 
 def test_template_fields_are_kubernetes_1_33s() -> None:
     from hooks.renderers.overlay import CONTAINER_FIELDS, POD_FIELDS
-    from tests.schemas import KUBERNETES_VERSION, definition
 
     assert POD_FIELDS == set(definition("podspec-v1", KUBERNETES_VERSION)["properties"])
     assert CONTAINER_FIELDS == set(definition("container-v1", KUBERNETES_VERSION)["properties"])
@@ -270,7 +270,7 @@ CORPUS = corpus()
 
 
 def test_corpus_is_present() -> None:
-    need(UPSTREAM.is_dir(), f"upstream corpus not found at {UPSTREAM} (set INFERA_SHARED_DIR)")
+    need_upstream()
     assert len(CORPUS) == 14
 
 

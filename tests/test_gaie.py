@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, SHARED, as_vllm, controller, load_yaml, need, need_schemas, parent, request_body
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO, SHARED, need_schemas, need_upstream
+from tests.support.requests import as_vllm, controller, load_yaml, parent, request_body
+from tests.support.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 WITH_GAIE = controller("gaie")
@@ -259,7 +260,7 @@ def test_unregistered_gaie_kinds_are_withheld_with_a_reason(hooks) -> None:
 
 def test_upstream_gaie_sample_renders(hooks) -> None:
     sample = SHARED / "upstream" / "examples" / "infera_v1alpha1_inferadeployment_gaie.yaml"
-    need(sample.is_file(), f"upstream GAIE sample not found at {sample}")
+    need_upstream()
     (doc,) = load_yaml(sample)
     answer = sync(hooks, parent(copy.deepcopy(doc)))
     assert answer["status"]["state"] == "initializing", answer["status"]

@@ -19,17 +19,9 @@ import pytest
 from hooks import app as app_module
 from hooks.app import create_app
 from hooks.observability import JsonFormatter
-from tests.conftest import (
-    REPO,
-    HookClient,
-    need,
-    parent,
-    read_reply,
-    request_body,
-    running_server,
-    scrape,
-    start_server,
-)
+from tests.support.prerequisites import REPO, need
+from tests.support.requests import parent, request_body
+from tests.support.service import HookClient, read_reply, running_server, scrape, start_server
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 README = (REPO / "README.md").read_text()

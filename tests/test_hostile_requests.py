@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from hooks.app import create_app
-from tests.conftest import REPO, HookClient, parent
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO
+from tests.support.requests import parent
+from tests.support.service import HookClient
+from tests.support.simulator import Metacontroller
 
 MOONCAKE = REPO / "examples" / "pd-1p1d-mooncake.yaml"  # extraPodSpec on every service
 WRONG_VALUES = [None, [], {}, "x", 5, True, -1, 1e308, {"a": []}, [{}], "\ud800"]

@@ -4,8 +4,8 @@ but every workload selector carries its managed-by label, which cannot change in
 import copy
 from typing import Any
 
-from tests.conftest import REPO
-from tests.simulator import LAST_APPLIED, Metacontroller
+from tests.support.prerequisites import REPO
+from tests.support.simulator import LAST_APPLIED, Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 UPSTREAM = {"app.kubernetes.io/managed-by": "infera-operator"}

@@ -4,8 +4,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, as_vllm, controller, need_schemas, parent, request_body
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO, need_schemas
+from tests.support.requests import as_vllm, controller, parent, request_body
+from tests.support.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 

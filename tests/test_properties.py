@@ -13,8 +13,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, controller, load_yaml, parent, request_body, vllm_worker_args
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO
+from tests.support.requests import controller, load_yaml, parent, request_body, vllm_worker_args
+from tests.support.simulator import Metacontroller
 
 SETTINGS = settings(max_examples=40)  # the rest from the "infera" profile (tests/conftest.py)
 

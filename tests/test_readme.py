@@ -6,7 +6,8 @@ import shlex
 import shutil
 import subprocess
 
-from tests.conftest import REPO, need
+from tests.support.prerequisites import REPO, need, need_schemas
+from tests.support.requests import controller, load_yaml, parent
 
 README = (REPO / "README.md").read_text()
 
@@ -46,8 +47,6 @@ def test_readme_curl_call_answers_with_the_pd_graph(hook_url: str) -> None:
 
 
 def test_curl_request_body_matches_the_example_and_bundle() -> None:
-    from tests.conftest import controller, load_yaml
-
     body = json.loads((REPO / "examples" / "requests" / "sync-qwen-pd.json").read_text())
     assert body["controller"] == controller()
     assert body["parent"]["spec"] == load_yaml(REPO / "examples" / "pd-disaggregated.yaml")[0]["spec"]
@@ -78,8 +77,6 @@ def words(cell: str, values: dict[str, str]) -> list[str]:
 
 def test_what_runs_in_each_pod_is_what_the_hook_renders(hooks) -> None:
     """Each injected command is the README's start, then its rows in their order: no more, no less."""
-    from tests.conftest import need_schemas, parent
-
     need_schemas()
     section = pod_section()
     starts = {row[0]: row[2] for row in table(section)}

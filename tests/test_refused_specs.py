@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, HookClient, parent, request_body
-from tests.schemas import hook_schema
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO
+from tests.support.requests import parent, request_body
+from tests.support.schemas import hook_schema
+from tests.support.service import HookClient
+from tests.support.simulator import Metacontroller
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 Change = Callable[[dict[str, Any]], None]
@@ -279,7 +281,7 @@ def test_what_the_api_server_would_refuse_fails_in_the_hook(converged: Metacontr
 
 def test_committed_kubernetes_schema_is_what_the_generator_prints() -> None:
     committed = (REPO / "hooks" / "kubernetes-schema.json").read_text()
-    assert committed == hook_schema(), "regenerate: python -m tests.schemas > hooks/kubernetes-schema.json"
+    assert committed == hook_schema(), "regenerate: python -m tests.support.schemas > hooks/kubernetes-schema.json"
 
 
 def test_a_patch_may_set_a_field_newer_than_the_shipped_schemas(hooks: HookClient) -> None:

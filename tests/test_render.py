@@ -10,7 +10,9 @@ import yaml
 
 from hooks import reconcile
 from hooks.contract import parse_request
-from tests.conftest import REPO, load_yaml, need_kubectl, validate_object
+from tests.support.prerequisites import REPO, need_kubectl
+from tests.support.requests import load_yaml
+from tests.support.schemas import validate_object
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, HookClient, RunningServer, parent, read_reply, request_body, running_server, scrape
+from tests.support.prerequisites import REPO
+from tests.support.requests import parent, request_body
+from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 

@@ -2,7 +2,7 @@
 
 Each container's command line, as kubelet starts it (downward API, `$(VAR)` expansion, the
 LeaderWorkerSet variables), goes through its entry point's own parser from
-../shared/upstream/runtime (tests/runtime.py), under its own environment. Then the start-up
+../shared/upstream/runtime (tests/support/runtime.py), under its own environment. Then the start-up
 decisions each `__main__` takes from the result must hold in the rendered graph:
 
 - discovery: every process uses the spec's backend; a router has a selector (flag or
@@ -26,8 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests import kubelet, runtime
-from tests.conftest import REPO, as_vllm, controller_for, need, parent, request_body, upstream_corpus, vllm_worker_args
+from tests.support import kubelet, runtime
+from tests.support.prerequisites import REPO, need_upstream
+from tests.support.requests import as_vllm, controller_for, parent, request_body, upstream_corpus, vllm_worker_args
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 ROUTER_MODULES = (runtime.SERVER, runtime.EPP)
@@ -364,7 +365,7 @@ CORPUS = upstream_corpus()
 
 @pytest.mark.parametrize("name", sorted({name for name, _ in CORPUS}) or ["(upstream corpus missing)"])
 def test_every_upstream_corpus_file_starts(hooks, name: str) -> None:
-    need(bool(CORPUS), "the upstream examples are not in ../shared/upstream/examples (set INFERA_SHARED_DIR)")
+    need_upstream()
     for file_name, doc in CORPUS:
         if file_name == name:
             assert_starts(hooks, parent(copy.deepcopy(doc)))

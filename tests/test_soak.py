@@ -15,7 +15,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import REPO, RESPONSE_FIELDS, parent, read_reply, request_body, running_server
+from tests.support.prerequisites import REPO
+from tests.support.requests import RESPONSE_FIELDS, parent, request_body
+from tests.support.service import read_reply, running_server
 
 SOAK_SECONDS = float(os.environ.get("INFERA_SOAK_SECONDS", "60"))
 CLIENTS = 6

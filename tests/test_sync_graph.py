@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, as_vllm, parent
+from tests.support.prerequisites import REPO
+from tests.support.requests import as_vllm, parent, request_body
 
 PD = REPO / "examples" / "pd-disaggregated.yaml"
 SELECTOR = "infera.amd.com/deployment=qwen-pd"
@@ -502,8 +503,6 @@ def test_v1_and_v2_requests_answer_the_same(hooks) -> None:
 
 
 def test_same_request_gives_byte_identical_answers(hooks) -> None:
-    from tests.conftest import request_body
-
     obj = pd_parent()
     # The status the parent already has, so no condition changes and no clock is read.
     obj["status"] = hooks.sync(obj)["status"]

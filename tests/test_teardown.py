@@ -4,8 +4,9 @@ from typing import Any
 
 from hooks import teardown
 from hooks.contract import parse_request
-from tests.conftest import REPO, controller, need_schemas, parent, request_body
-from tests.simulator import Metacontroller
+from tests.support.prerequisites import REPO, need_schemas
+from tests.support.requests import controller, parent, request_body
+from tests.support.simulator import Metacontroller
 
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway"}
 INGRESS = {

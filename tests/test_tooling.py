@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, need
+from tests.support.prerequisites import REPO, need
 
 BIN = Path(sys.executable).parent
 

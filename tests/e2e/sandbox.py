@@ -14,7 +14,7 @@ there. What a cluster provides is rebuilt as small as it can be and as faithful 
   at `/var/run/secrets/kubernetes.io/serviceaccount`, and volumes at their mount paths (the NATS
   claim at `/data`) without touching the machine.
 - **Containers as kubelet starts them.** The command and args of each container, with `$(VAR)`
-  expanded and the downward API resolved (tests/kubelet.py), run unedited in the pod's network
+  expanded and the downward API resolved (tests/support/kubelet.py), run unedited in the pod's network
   and in a PID namespace of their own (the command is PID 1, as in a container). The image is
   not pulled: this machine's virtualenv, with the Infera runtime and the stand-in engine on
   PYTHONPATH, stands for it. kubelet's service variables (KUBERNETES_SERVICE_HOST/PORT) and
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests import kubelet
+from tests.support import kubelet
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_IP = "10.42.0.1"
@@ -204,7 +204,7 @@ class Cluster:
     # -- set-up ------------------------------------------------------------------------------
 
     def plan_pods(self) -> None:
-        """A pod per template (tests/kubelet.py gives each its name and an address on the bridge),
+        """A pod per template (tests/support/kubelet.py gives each its name and an address on the bridge),
         with the service variables kubelet gives its containers."""
         planned = kubelet.pods(self.children, self.namespace)
         backends = {name: pod.facts.ip for name, pod in self.service_backends(planned).items()}

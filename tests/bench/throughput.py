@@ -1,6 +1,6 @@
 """Benchmark `infera-hooks serve` against a do-nothing floor, side by side (not a test).
 
-    .venv/bin/python tests/benchmark.py [--requests 1500] [--concurrency 4]
+    .venv/bin/python tests/bench/throughput.py [--requests 1500] [--concurrency 4]
 
 Both servers run under gunicorn with the same settings (2 gevent workers). The floor is a Flask
 app that only parses the same request and returns a response of the same size, so the ratio
@@ -30,12 +30,12 @@ from typing import Any
 
 from flask import Flask, Response, request
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from hooks import reconcile  # noqa: E402
 from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request  # noqa: E402
-from tests.conftest import parent, request_body  # noqa: E402
+from tests.support.requests import parent, request_body  # noqa: E402
 
 BIN = Path(sys.executable).parent
 WORKERS = 2
@@ -191,7 +191,7 @@ def main() -> None:
             "30",
             "--graceful-timeout",
             "20",
-            "tests.benchmark:floor_app()",
+            "tests.bench.throughput:floor_app()",
         ],
         floor_port,
         {"BENCH_RESPONSE_BYTES": str(answer_bytes)},

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests import apiserver
-from tests.conftest import RESOURCE_KINDS, HookClient, controller_for, parent, request_body
+from tests.support import apiserver
+from tests.support.requests import RESOURCE_KINDS, controller_for, parent, request_body
+from tests.support.service import HookClient
 
 LAST_APPLIED = "metacontroller.k8s.io/last-applied-configuration"
 

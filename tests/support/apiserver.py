@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from hooks.quantity import canonical_quantity
-from tests.conftest import SCHEMAS
+from tests.support.prerequisites import SCHEMAS
 
 PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
 

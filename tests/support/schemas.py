@@ -16,6 +16,8 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from tests.support.prerequisites import REPO, SCHEMAS, need_schemas
+
 KUBERNETES_VERSION = "1.33.0"
 
 
@@ -99,6 +101,31 @@ def validate(obj: dict[str, Any], crd_dirs: list[Path]) -> None:
 
 # The kinds whose schemas the hook ships (hooks/kubernetes-schema.json), by the definition that
 # describes them: every core kind it renders, and the pod template a LeaderWorkerSet embeds.
+# Kinds only the upstream CRDs in SCHEMAS describe.
+UPSTREAM_KINDS = ("LeaderWorkerSet", "InferencePool", "HTTPRoute", "CompositeController")
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    """Core kinds against Kubernetes' own schema; CRD kinds against their CRD (ours or upstream:
+    without the upstream schemas, a test that emits those kinds is skipped)."""
+    if obj.get("kind") in UPSTREAM_KINDS:
+        need_schemas()
+    dirs = [REPO / "crds"] + ([SCHEMAS] if SCHEMAS.is_dir() else [])
+    validate(obj, dirs)
+
+
+@cache
+def _status_schema() -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
+    return jsonschema.Draft7Validator(crd_schema(crd)["properties"]["status"])
+
+
+def validate_status(status: dict[str, Any]) -> None:
+    """The status must fit the CRD exactly: a field the API server prunes differs on every sync."""
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _status_schema().iter_errors(status)]
+    assert not errors, f"status does not fit the CRD: {errors}"
+
+
 HOOK_SCHEMA_ROOTS = {
     "Deployment": "io.k8s.api.apps.v1.Deployment",
     "StatefulSet": "io.k8s.api.apps.v1.StatefulSet",
@@ -170,5 +197,5 @@ def hook_schema() -> str:
 
 
 if __name__ == "__main__":
-    # Regenerate: python -m tests.schemas > hooks/kubernetes-schema.json
+    # Regenerate: python -m tests.support.schemas > hooks/kubernetes-schema.json
     print(hook_schema(), end="")

@@ -15,12 +15,10 @@ import sys
 import types
 from collections.abc import Iterator
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, SHARED, need
+from tests.support.prerequisites import REPO, RUNTIME, need_runtime
 
-RUNTIME = SHARED / "upstream" / "runtime"
 STANDINS = REPO / "tests" / "e2e" / "standins"
 SERVER, EPP, SGLANG, VLLM = "infera.server", "infera.gaie", "infera.engine.sglang", "infera.engine.vllm"
 PARSERS = {
@@ -33,15 +31,6 @@ PARSERS = {
 
 class Refused(Exception):
     """The entry point exits at start-up (argparse's exit 2, or a SystemExit of its own)."""
-
-
-def need_runtime() -> Path:
-    need(
-        (RUNTIME / "infera" / "server" / "args.py").is_file(),
-        f"the Infera runtime is not at {RUNTIME}: set INFERA_SHARED_DIR to the folder holding upstream/runtime "
-        "(AMD-AGI/Infera 5890f7f with the SGLang and vLLM option lists, see ../shared/upstream/README.md)",
-    )
-    return RUNTIME
 
 
 @cache

@@ -1,0 +1,65 @@
+"""What the tests need from outside the repository, and the one way to say it is missing.
+
+A missing prerequisite skips the test with a reason naming it and how to get it; with
+INFERA_REQUIRE_ALL=1 (set by .ci/run) it fails instead, so CI cannot pass by skipping.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("INFERA_SHARED_DIR", REPO.parent / "shared"))
+SCHEMAS = Path(os.environ.get("INFERA_SCHEMAS_DIR", SHARED / "schemas"))
+UPSTREAM = SHARED / "upstream"
+RUNTIME = UPSTREAM / "runtime"
+# How a user who cloned the repository alone gets what the tests read from SHARED.
+FETCH = "fetch it with `python tests/fetch_shared.py` (needs internet access) or set INFERA_SHARED_DIR to a copy"
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip (or, under INFERA_REQUIRE_ALL=1, fail) when a prerequisite is missing."""
+    if condition:
+        return
+    if os.environ.get("INFERA_REQUIRE_ALL") == "1":
+        pytest.fail(f"required prerequisite missing: {reason}")
+    pytest.skip(reason)
+
+
+def need_schemas() -> Path:
+    """The upstream CRDs the emitted LeaderWorkerSets, InferencePools and HTTPRoutes (and our
+    CompositeController) are validated against."""
+    need(
+        SCHEMAS.is_dir(),
+        f"the upstream CRD schemas (LeaderWorkerSet, InferencePool, HTTPRoute, CompositeController) are not at "
+        f"{SCHEMAS}: {FETCH} (or INFERA_SCHEMAS_DIR to the schemas alone)",
+    )
+    return SCHEMAS
+
+
+def need_upstream() -> Path:
+    """The upstream operator's CRD and examples: the compatibility corpus."""
+    need(
+        (UPSTREAM / "examples").is_dir() and (UPSTREAM / "infera.amd.com_inferadeployments.yaml").is_file(),
+        f"the upstream Infera operator's CRD and examples (AMD-AGI/Infera 5890f7f) are not at {UPSTREAM}: {FETCH}",
+    )
+    return UPSTREAM
+
+
+def need_runtime() -> Path:
+    """The Infera runtime the pods run, with the SGLang and vLLM option lists its stand-ins read."""
+    need(
+        (RUNTIME / "infera" / "server" / "args.py").is_file()
+        and (RUNTIME / "sglang-0.5.17-options.json").is_file()
+        and (RUNTIME / "vllm-0.25.1-options.json").is_file(),
+        f"the Infera runtime (AMD-AGI/Infera 5890f7f) and the SGLang and vLLM option lists are not at {RUNTIME}: {FETCH}",
+    )
+    return RUNTIME
+
+
+def need_kubectl() -> str:
+    kubectl = shutil.which("kubectl")
+    need(kubectl is not None, "kubectl is not on PATH")
+    return kubectl
