@@ -36,7 +36,7 @@ def render_children(idep: InferaDeployment, allows: Callable[[dict], bool] = lam
     withhold_unregistered to name."""
     gateway = gaie.render(idep)
     if not all(allows(child) for child in gateway):
-        return _rendered(gaie.without_gateway(idep), []) + gateway
+        return _rendered(gaie.without_gateway(idep, gateway), []) + gateway
     return _rendered(idep, gateway)
 
 

@@ -66,6 +66,9 @@ MIN_GRACE_SECONDS = 120
 # sizes the startup probe to outlast it.
 READY_TIMEOUT_ENV = "INFERA_ENGINE_READY_TIMEOUT"
 MODEL_LOAD_SECONDS = 7200
+# A load beyond a day is a typo; past it the startup probe's failureThreshold (an int32 the API
+# server checks) would soon overflow and every apply of the workload would be refused.
+MAX_MODEL_LOAD_SECONDS = 86400
 # The wrapper's own start (imports, preflight, spawning the engine) before its clock runs.
 STARTUP_SLACK_SECONDS = 300
 STARTUP_PERIOD_SECONDS = 10
@@ -258,10 +261,15 @@ def grace_seconds(argv: list[str], env: list[dict]) -> int:
 
 
 def ready_timeout_seconds(env: list[dict]) -> int:
-    """How long the wrapper waits for the engine; a value it cannot read leaves its default."""
+    """How long the wrapper waits for the engine, at most a day; a value it cannot read leaves its
+    default."""
     raw = _literal_env(env, READY_TIMEOUT_ENV)
     try:
         seconds = float(raw) if raw is not None else MODEL_LOAD_SECONDS
     except ValueError:
         return MODEL_LOAD_SECONDS
-    return math.ceil(seconds) if math.isfinite(seconds) and seconds > 0 else MODEL_LOAD_SECONDS
+    return (
+        min(math.ceil(seconds), MAX_MODEL_LOAD_SECONDS)
+        if math.isfinite(seconds) and seconds > 0
+        else MODEL_LOAD_SECONDS
+    )

@@ -1,5 +1,7 @@
 """The environment of every container the graph runs: what the operator injects (read by the
-runtime when a command line leaves it out) and the user's variables, which win."""
+runtime when a command line leaves it out) and the user's variables. spec.envs may override the
+operator's defaults but not what the runtime must read (the pod's identity, the broker, the
+selector); a service's own env comes last and overrides everything."""
 
 from typing import Any
 

@@ -153,11 +153,12 @@ def render(idep: InferaDeployment) -> list[dict]:
     return [epp_deployment(idep), epp_service(idep), inference_pool(idep), http_route(idep)]
 
 
-def without_gateway(idep: InferaDeployment) -> InferaDeployment:
-    """The same graph with GAIE off (and without patches aimed at its objects): what to run
-    while the cluster's CompositeController cannot create the gateway objects."""
-    gateway_children = {child_name(idep, EPP_SUFFIX), pool_name(idep), route_name(idep)}
-    patches = [p for p in idep.spec.patches or [] if p.target.name not in gateway_children] or None
+def without_gateway(idep: InferaDeployment, gateway: list[dict]) -> InferaDeployment:
+    """The same graph with GAIE off (and without patches aimed at its objects, `gateway`): what to
+    run while the cluster's CompositeController cannot create the gateway objects."""
+    # By kind and name: a worker service called `pool` renders a Deployment named like the pool.
+    gateway_children = {(child["kind"], child["metadata"]["name"]) for child in gateway}
+    patches = [p for p in idep.spec.patches or [] if (p.target.kind, p.target.name) not in gateway_children] or None
     spec = idep.spec.model_copy(
         update={"gaie": idep.spec.gaie.model_copy(update={"enabled": False}), "patches": patches}
     )
