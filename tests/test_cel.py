@@ -9,11 +9,10 @@ import yaml
 
 from hooks import api
 from tests.support.prerequisites import REPO
-from tests.support.requests import load_yaml, parent, upstream_corpus
+from tests.support.requests import PD, load_yaml, parent, upstream_corpus
 
 CRD = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
 ROOT = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 CEL = celpy.Environment()
 
 

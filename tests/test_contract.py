@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.prerequisites import REPO, SHARED, need
-from tests.support.requests import parent, request_body
+from tests.support.prerequisites import SHARED, need
+from tests.support.requests import PD, parent, request_body
 from tests.support.service import HookClient, start_server
-
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 
 
 def applied(child: dict) -> dict:

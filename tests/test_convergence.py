@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.prerequisites import REPO
+from tests.support.requests import PD
 from tests.support.simulator import Metacontroller
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -89,9 +90,6 @@ def test_fixing_a_failed_spec_converges_back(hooks, path: Path) -> None:
     assert mc.parent["status"]["state"] == "ready"
     assert {key: child["metadata"]["resourceVersion"] for key, child in mc.children.items()} == before
     assert mc.sync() == []
-
-
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 
 
 def test_switching_to_etcd_discovery_releases_the_identity_cleanly(hooks) -> None:

@@ -6,12 +6,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.prerequisites import REPO, need_schemas, need_upstream
-from tests.support.requests import as_vllm, controller, parent, request_body, upstream_corpus
+from tests.support.prerequisites import need_schemas, need_upstream
+from tests.support.requests import PD, as_vllm, children_by_key, controller, parent, request_body, upstream_corpus
 from tests.support.schemas import KUBERNETES_VERSION, definition
 from tests.support.simulator import Metacontroller
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 IDENTITY = ["POD_NAME", "POD_NAMESPACE", "POD_IP"]
 
 
@@ -279,7 +278,7 @@ def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: s
     need_schemas()
     answer = hooks.sync(parent(copy.deepcopy(doc)))  # every child validated against its schema
     assert answer["status"]["state"] == "initializing", answer["status"]
-    rendered = {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
+    rendered = children_by_key(answer)
     idep = doc["metadata"]["name"]
     for service, svc in doc["spec"]["services"].items():
         extra = svc.get("extraPodSpec")

@@ -5,11 +5,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.prerequisites import REPO, SHARED, need_schemas, need_upstream
-from tests.support.requests import as_vllm, controller, load_yaml, parent, request_body
+from tests.support.prerequisites import SHARED, need_schemas, need_upstream
+from tests.support.requests import PD, as_vllm, children_by_key, controller, load_yaml, parent, request_body
 from tests.support.simulator import Metacontroller
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 WITH_GAIE = controller("gaie")
 WITH_ALL = controller("lws", "gaie")
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway", "modelName": "qwen3"}
@@ -29,10 +28,6 @@ def sync(hooks, obj: dict[str, Any], composite: dict[str, Any] = WITH_GAIE) -> d
     return hooks.hook("/sync", request_body(obj, composite=composite))
 
 
-def by_key(answer: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
-
-
 def pod_templates(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every pod template the answer would create pods from, by a readable name."""
     templates = {}
@@ -48,7 +43,7 @@ def pod_templates(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_gaie_objects(hooks) -> None:
     answer = sync(hooks, gaie_pd(hostnames=["qwen.example.com"], gatewayNamespace="gateways"))
-    children = by_key(answer)
+    children = children_by_key(answer)
     epp = children[("Deployment", "qwen-pd-epp")]
     pod = epp["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -113,7 +108,7 @@ def test_gaie_objects(hooks) -> None:
 
 
 def test_route_defaults_to_own_namespace_and_epp_image_override(hooks) -> None:
-    children = by_key(sync(hooks, gaie_pd(eppImage="example.com/epp:v2")))
+    children = children_by_key(sync(hooks, gaie_pd(eppImage="example.com/epp:v2")))
     assert children[("HTTPRoute", "qwen-pd-route")]["spec"]["parentRefs"][0]["namespace"] == "ml"
     assert "hostnames" not in children[("HTTPRoute", "qwen-pd-route")]["spec"]
     assert (
@@ -129,7 +124,7 @@ def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
     obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
     obj["spec"]["services"]["server"]["podLabels"] = {"infera.amd.com/gaie-frontend": "true"}  # cannot opt in
     answer = sync(hooks, obj, WITH_ALL)
-    selector = by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["selector"]["matchLabels"]
+    selector = children_by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["selector"]["matchLabels"]
     selected = {
         name
         for name, template in pod_templates(answer).items()
@@ -143,7 +138,9 @@ def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
 
 def test_frontend_sidecar_and_direct_router(hooks) -> None:
     answer = sync(hooks, gaie_pd(frontendPort=8100))
-    (main, sidecar) = by_key(answer)[("Deployment", "qwen-pd-prefill")]["spec"]["template"]["spec"]["containers"]
+    (main, sidecar) = children_by_key(answer)[("Deployment", "qwen-pd-prefill")]["spec"]["template"]["spec"][
+        "containers"
+    ]
     assert sidecar["command"] == [
         "python3",
         "-m",
@@ -166,10 +163,10 @@ def test_frontend_sidecar_and_direct_router(hooks) -> None:
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": 8100, "scheme": "HTTP"}
     assert sidecar["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "15"]}}}
     assert "POD_IP" in [v["name"] for v in sidecar["env"]]
-    assert by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["targetPorts"] == [{"number": 8100}]
-    epp = by_key(answer)[("Deployment", "qwen-pd-epp")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert children_by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["targetPorts"] == [{"number": 8100}]
+    epp = children_by_key(answer)[("Deployment", "qwen-pd-epp")]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert epp[epp.index("--destination-port") + 1] == "8100"  # the picker sends the gateway to the pool's port
-    (server,) = by_key(answer)[("Deployment", "qwen-pd-server")]["spec"]["template"]["spec"]["containers"]
+    (server,) = children_by_key(answer)[("Deployment", "qwen-pd-server")]["spec"]["template"]["spec"]["containers"]
     assert server["command"][server["command"].index("--router-mode") + 1] == "direct"
 
 
@@ -249,13 +246,15 @@ def test_unregistered_gaie_kinds_are_withheld_with_a_reason(hooks) -> None:
     answer = hooks.hook("/sync", request_body(gaie_pd(), composite=controller()))
     kinds = {c["kind"] for c in answer["children"]}
     assert not kinds & {"InferencePool", "HTTPRoute"}
-    assert ("Deployment", "qwen-pd-epp") not in by_key(answer)  # the gateway part is withheld as a unit
+    assert ("Deployment", "qwen-pd-epp") not in children_by_key(answer)  # the gateway part is withheld as a unit
     assert answer["status"]["state"] == "failed"
     assert "enable the kustomize component metacontroller/components/gaie" in answer["status"]["message"]
     # The rest of the graph stays exactly as without GAIE: no sidecar, no direct-mode router.
     without = parent(PD)
-    plain = {key: c for key, c in by_key(hooks.hook("/sync", request_body(without, composite=controller()))).items()}
-    assert by_key(answer) == plain
+    plain = {
+        key: c for key, c in children_by_key(hooks.hook("/sync", request_body(without, composite=controller()))).items()
+    }
+    assert children_by_key(answer) == plain
 
 
 def test_upstream_gaie_sample_renders(hooks) -> None:
@@ -264,7 +263,7 @@ def test_upstream_gaie_sample_renders(hooks) -> None:
     (doc,) = load_yaml(sample)
     answer = sync(hooks, parent(copy.deepcopy(doc)))
     assert answer["status"]["state"] == "initializing", answer["status"]
-    children = by_key(answer)
+    children = children_by_key(answer)
     route = children[("HTTPRoute", "demo-gaie-route")]["spec"]
     assert route["parentRefs"][0]["namespace"] == "my-model" and route["parentRefs"][0]["name"] == "inference-gateway"
     assert {("Deployment", "demo-gaie-epp"), ("InferencePool", "demo-gaie-pool")} <= set(children)

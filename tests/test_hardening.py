@@ -20,10 +20,9 @@ from hooks import app as app_module
 from hooks.app import create_app
 from hooks.observability import JsonFormatter
 from tests.support.prerequisites import REPO, need
-from tests.support.requests import parent, request_body
+from tests.support.requests import PD, parent, request_body
 from tests.support.service import HookClient, read_reply, running_server, scrape, start_server
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 README = (REPO / "README.md").read_text()
 
 

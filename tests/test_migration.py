@@ -4,10 +4,9 @@ but every workload selector carries its managed-by label, which cannot change in
 import copy
 from typing import Any
 
-from tests.support.prerequisites import REPO
+from tests.support.requests import PD
 from tests.support.simulator import LAST_APPLIED, Metacontroller
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 UPSTREAM = {"app.kubernetes.io/managed-by": "infera-operator"}
 
 

@@ -4,11 +4,10 @@ from typing import Any
 
 import pytest
 
-from tests.support.prerequisites import REPO, need_schemas
-from tests.support.requests import as_vllm, controller, parent, request_body
+from tests.support.prerequisites import need_schemas
+from tests.support.requests import PD, as_vllm, controller, parent, request_body
 from tests.support.simulator import Metacontroller
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 WITH_LWS = controller("lws")
 
 

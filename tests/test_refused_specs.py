@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from tests.support.prerequisites import REPO
-from tests.support.requests import parent, request_body
+from tests.support.requests import PD, parent, request_body
 from tests.support.schemas import hook_schema
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 Change = Callable[[dict[str, Any]], None]
 
 

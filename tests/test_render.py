@@ -11,10 +11,8 @@ import yaml
 from hooks import reconcile
 from hooks.contract import parse_request
 from tests.support.prerequisites import REPO, need_kubectl
-from tests.support.requests import load_yaml
+from tests.support.requests import PD, load_yaml
 from tests.support.schemas import validate_object
-
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 
 
 def render(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -13,11 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.prerequisites import REPO
-from tests.support.requests import parent, request_body
+from tests.support.requests import PD, parent, request_body
 from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape
-
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 
 
 def pd_body() -> bytes:

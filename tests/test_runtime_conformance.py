@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tests.support import kubelet, runtime
 from tests.support.prerequisites import REPO, need_upstream
-from tests.support.requests import as_vllm, controller_for, parent, request_body, upstream_corpus, vllm_worker_args
+from tests.support.requests import PD, as_vllm, controller_for, parent, request_body, upstream_corpus, vllm_worker_args
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 ROUTER_MODULES = (runtime.SERVER, runtime.EPP)
@@ -372,8 +372,6 @@ def test_every_upstream_corpus_file_starts(hooks, name: str) -> None:
 
 
 # --- the combinations the issue names, each proved -------------------------------------------
-
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 
 
 def pd(**spec: Any) -> dict[str, Any]:

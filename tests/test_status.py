@@ -3,11 +3,9 @@
 import time
 from typing import Any
 
-from tests.support.prerequisites import REPO
-from tests.support.requests import parent
+from tests.support.requests import PD, parent
 from tests.support.simulator import Metacontroller
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 LONG_AGO = "2026-01-01T00:00:00Z"
 
 

@@ -5,10 +5,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.prerequisites import REPO
-from tests.support.requests import as_vllm, parent, request_body
+from tests.support.requests import PD, as_vllm, children_by_key, parent, request_body
 
-PD = REPO / "examples" / "pd-disaggregated.yaml"
 SELECTOR = "infera.amd.com/deployment=qwen-pd"
 NATS_URL = "nats://qwen-pd-nats:4222"
 NATS_FLAGS = ["--request-transport", "nats", "--kv-event-transport", "nats", "--nats-server", NATS_URL]
@@ -19,12 +17,6 @@ IDENTITY_ENV = [
     {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
     {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
 ]
-
-
-def children_by_key(answer: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    keyed = {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
-    assert len(keyed) == len(answer["children"]), "duplicate children"
-    return keyed
 
 
 def container(answer: dict[str, Any], name: str) -> dict[str, Any]:

@@ -13,6 +13,9 @@ from tests.support.prerequisites import REPO, SHARED
 
 RESPONSE_FIELDS = {"status", "children", "resyncAfterSeconds", "finalized"}
 # What Metacontroller's childResources `resource` names stand for.
+EXAMPLES = REPO / "examples"
+# The graph most tests start from: a router, one prefill and one decode worker.
+PD = EXAMPLES / "pd-disaggregated.yaml"
 RESOURCE_KINDS = {
     "deployments": "Deployment",
     "services": "Service",
@@ -148,3 +151,10 @@ def as_vllm(obj: dict[str, Any]) -> dict[str, Any]:
         if svc["componentType"] == "worker":
             svc["args"] = vllm_worker_args(svc.get("role", "mixed"))
     return obj
+
+
+def children_by_key(answer: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """An answer's children by (kind, name); two children with one key fail the test."""
+    keyed = {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
+    assert len(keyed) == len(answer["children"]), "duplicate children"
+    return keyed
