@@ -95,3 +95,18 @@ def test_no_two_places_in_a_graph_share_an_object() -> None:
             answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
             assert answer["status"]["state"] == "initializing", answer["status"]["message"]
             assert _shared_objects(answer["children"], {}) == [], example.name
+
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+def test_examples_render_as_recorded() -> None:
+    """What every example renders is kept in tests/golden, so a change to any child shows up as
+    a diff in review, and a release that must not touch running graphs can prove it does not."""
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    assert sorted(path.name for path in GOLDEN.glob("*.yaml")) == [path.name for path in examples]
+    for example in examples:
+        assert render(str(example)).stdout == (GOLDEN / example.name).read_text(), (
+            f"{example.name} renders differently from tests/golden/{example.name}; if the change is intended, "
+            f"regenerate: infera-hooks render examples/{example.name} > tests/golden/{example.name}"
+        )
