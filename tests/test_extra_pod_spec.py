@@ -266,6 +266,8 @@ def corpus() -> list[tuple[str, dict[str, Any]]]:
 
 
 CORPUS = corpus()
+# Without the corpus, one placeholder case that skips naming what is missing.
+CASES = CORPUS or [("(upstream corpus missing)", {})]
 
 
 def test_corpus_is_present() -> None:
@@ -273,8 +275,9 @@ def test_corpus_is_present() -> None:
     assert len(CORPUS) == 14
 
 
-@pytest.mark.parametrize(("name", "doc"), CORPUS, ids=[name for name, _ in CORPUS])
+@pytest.mark.parametrize(("name", "doc"), CASES, ids=[name for name, _ in CASES])
 def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: str, doc: dict[str, Any]) -> None:
+    need_upstream()
     need_schemas()
     answer = hooks.sync(parent(copy.deepcopy(doc)))  # every child validated against its schema
     assert answer["status"]["state"] == "initializing", answer["status"]
@@ -313,8 +316,9 @@ def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: s
                     assert main[field] == user[field], (service, field)
 
 
-@pytest.mark.parametrize(("name", "doc"), CORPUS, ids=[name for name, _ in CORPUS])
+@pytest.mark.parametrize(("name", "doc"), CASES, ids=[name for name, _ in CASES])
 def test_upstream_inferadeployment_converges(hooks, name: str, doc: dict[str, Any]) -> None:
+    need_upstream()
     need_schemas()
     mc = Metacontroller(hooks, copy.deepcopy(doc))
     mc.converge()
