@@ -1,8 +1,8 @@
 """What the API server would refuse, caught before Metacontroller applies it.
 
 Children rendered from typed fields are valid by construction (the test suite validates every
-one against Kubernetes' schemas). Two inputs are free-form: a service's `extraPodSpec` and
-`spec.patches`. The children they shape are checked here, against Kubernetes 1.33's schemas
+one against Kubernetes' schemas). Three inputs are free-form: a service's `extraPodSpec`, its
+autoscaling metrics and behavior, and `spec.patches`. The children they shape are checked here, against Kubernetes 1.33's schemas
 (hooks/kubernetes_schema.py) and the API server's own rules for what a schema cannot say
 (names, ports, selectors, sizes), so that a bad spec fails in status naming its field instead
 of every apply failing where only events show it.
@@ -290,8 +290,13 @@ def refusal(child: dict) -> str | None:
     return verdict
 
 
+# Checked complete and with every field known: a metric's unknown field would be dropped by the API
+# server and re-applied by Metacontroller on every sync.
+STRICT_KINDS = {"HorizontalPodAutoscaler": "StrictHorizontalPodAutoscaler"}
+
+
 def _check_child(child: dict) -> str | None:
-    problem = kubernetes_schema.problem(child["kind"], child)
+    problem = kubernetes_schema.problem(STRICT_KINDS.get(child["kind"], child["kind"]), child)
     if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
         for path in POD_TEMPLATES["LeaderWorkerSet"]:
             template = field_at(child, *path)  # leaderTemplate is optional
@@ -307,21 +312,31 @@ def _check_child(child: dict) -> str | None:
     return None if problem is None else f"{problem[0]}: {problem[1]}"
 
 
+def _free_form_source(idep: InferaDeployment, child: dict) -> str | None:
+    """The spec field whose free-form content shaped this child, if any."""
+    service = (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
+    svc = idep.spec.services.get(service) if service else None
+    if svc is None:
+        return None
+    if child["kind"] == "HorizontalPodAutoscaler":
+        return f"spec.services.{service}.autoscaling" if svc.autoscaling else None
+    return f"spec.services.{service}.extraPodSpec" if svc.extra_pod_spec else None
+
+
 def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> None:
     """SpecError naming the spec field behind the first child the API server would refuse:
-    the service's extraPodSpec, or the patches on that child. `rendered` are the children before
-    spec.patches, `patched` after (a patched child is a new object)."""
-    templated = {service for service, svc in idep.spec.services.items() if svc.extra_pod_spec}
+    the service's extraPodSpec or autoscaling, or the patches on that child. `rendered` are the
+    children before spec.patches, `patched` after (a patched child is a new object)."""
     patches = idep.spec.patches or []
     for before, after in zip(rendered, patched, strict=True):
-        service = (after["metadata"].get("labels") or {}).get(SERVICE_LABEL)
-        if after is before and service not in templated:
+        source = _free_form_source(idep, after)
+        if after is before and source is None:
             continue
         reason = refusal(after)
         if reason is None:
             continue
         name = f"{after['kind']} {after['metadata']['name']}"
-        if after is not before and (service not in templated or refusal(before) is None):
+        if after is not before and (source is None or refusal(before) is None):
             indices = [
                 f"patches[{index}]"
                 for index, patch in enumerate(patches)
@@ -330,6 +345,4 @@ def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> 
             raise SpecError(
                 f"{', '.join(indices)} ({name}): the API server would refuse the patched {after['kind']}: {reason}"
             )
-        raise SpecError(
-            f"spec.services.{service}.extraPodSpec: the API server would refuse {name} made from it: {reason}"
-        )
+        raise SpecError(f"{source}: the API server would refuse {name} made from it: {reason}")

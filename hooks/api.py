@@ -140,6 +140,12 @@ VLLM_ROLE_RULE = (
     "a vLLM prefill or decode worker takes its role from kv_role in --kv-transfer-config (vLLM has no "
     "--disaggregation-mode): pass --kv-transfer-config in its args or its extraPodSpec command"
 )
+AUTOSCALING_RANGE_RULE = "autoscaling.maxReplicas must be at least minReplicas"
+MAX_UNAVAILABLE_RULE = (
+    "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 no "
+    "pod could ever be evicted and every node drain would wait forever (set enabled: false for no budget)"
+)
+MAX_UNAVAILABLE_PERCENT = re.compile(r"([1-9][0-9]?|100)%")
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -479,6 +485,75 @@ class ChildPatch(ApiModel):
     """The operations, applied in order."""
 
 
+def _max_unavailable(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(MAX_UNAVAILABLE_RULE)
+    if isinstance(value, int) and not 1 <= value <= INT32_MAX:
+        raise ValueError(MAX_UNAVAILABLE_RULE)
+    if isinstance(value, str) and not MAX_UNAVAILABLE_PERCENT.fullmatch(value):
+        raise ValueError(MAX_UNAVAILABLE_RULE)
+    return value
+
+
+# A PodDisruptionBudget's maxUnavailable: pods, or a percentage of the pool.
+MaxUnavailable = Annotated[
+    int | str,
+    BeforeValidator(_max_unavailable),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            # "100%" at most: bounds the CEL cost estimate of the rule's regular expression.
+            "maxLength": 4,
+            "x-kubernetes-validations": [
+                cel(
+                    f"type(self) == int ? self >= 1 && self <= {INT32_MAX} : "
+                    f"self.matches('^{MAX_UNAVAILABLE_PERCENT.pattern}$')",
+                    MAX_UNAVAILABLE_RULE,
+                )
+            ],
+        }
+    ),
+]
+
+
+class AutoscalingSpec(ApiModel):
+    """A HorizontalPodAutoscaler owns the service's replica count within these bounds."""
+
+    model_config = with_validations(
+        cel("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", AUTOSCALING_RANGE_RULE)
+    )
+
+    min_replicas: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
+    """The fewest replicas (pods, or groups of a multi-node pool)."""
+    max_replicas: Annotated[int, Field(ge=1, le=INT32_MAX)]
+    """The most replicas."""
+    metrics: Annotated[
+        list[Annotated[dict[str, Any], open_object("An autoscaling/v2 MetricSpec.")]],
+        Field(min_length=1, max_length=32),
+    ]
+    """What to scale on: autoscaling/v2 MetricSpecs (Pods, Object, External or Resource), passed to the
+    HorizontalPodAutoscaler as written. Required: CPU use says nothing about a GPU engine's load."""
+    behavior: Annotated[dict[str, Any] | None, open_object("An autoscaling/v2 HorizontalPodAutoscalerBehavior.")] = None
+    """How fast to scale (autoscaling/v2 HorizontalPodAutoscalerBehavior). Default: up at once, down
+    one replica a minute after ten quiet minutes, since a new worker takes minutes to load its model."""
+
+    @model_validator(mode="after")
+    def _range(self) -> "AutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(AUTOSCALING_RANGE_RULE)
+        return self
+
+
+class DisruptionBudgetSpec(ApiModel):
+    """The PodDisruptionBudget that bounds how many of the service's pods a node drain evicts at once."""
+
+    enabled: bool = True
+    """false: no PodDisruptionBudget for this service."""
+    max_unavailable: MaxUnavailable = 1
+    """Pods that may be evicted at once: a number, or a percentage of the pool's pods."""
+
+
 class ServiceSpec(ApiModel):
     """One component of the graph: the router server or a pool of GPU workers."""
 
@@ -522,6 +597,12 @@ class ServiceSpec(ApiModel):
     """Labels copied onto this service's pods; they win over the InferaDeployment's."""
     pod_annotations: dict[str, str] | None = None
     """Annotations copied onto this service's pods; they win over the InferaDeployment's."""
+    autoscaling: AutoscalingSpec | None = None
+    """Hand the replica count to a HorizontalPodAutoscaler; `replicas` is then only the count a new
+    workload starts with (kept within minReplicas and maxReplicas)."""
+    disruption_budget: DisruptionBudgetSpec | None = None
+    """The PodDisruptionBudget of the service's pods. On by default for worker pools, and for
+    servers that keep more than one replica; maxUnavailable defaults to 1."""
 
     @field_validator("pod_labels", "pod_annotations")
     @classmethod
@@ -553,6 +634,26 @@ class ServiceSpec(ApiModel):
             return None
         index = primary_index(containers)
         return None if index is None else containers[index].get("image")
+
+    def desired_replicas(self, live: int | None) -> int:
+        """The workload's replicas: `replicas`, unless an autoscaler owns the count; then the count
+        it set (`live`, observed on the workload) or, before the workload exists, `replicas`,
+        either kept within [minReplicas, maxReplicas]."""
+        if self.autoscaling is None:
+            return self.replicas
+        count = self.replicas if live is None else live
+        return min(max(count, self.autoscaling.min_replicas), self.autoscaling.max_replicas)
+
+    @property
+    def budget_max_unavailable(self) -> int | str | None:
+        """The disruption budget's maxUnavailable, or None for no budget: a worker pool has one
+        unless disabled; a server only when it always keeps more than one replica (a budget over
+        a single router would only say what a drain does anyway)."""
+        budget = self.disruption_budget or DisruptionBudgetSpec()
+        fewest = self.autoscaling.min_replicas if self.autoscaling else self.replicas
+        if not budget.enabled or (not self.is_worker and fewest <= 1):
+            return None
+        return budget.max_unavailable
 
     @property
     def effective_port(self) -> int:
@@ -680,6 +781,19 @@ class Condition(ApiModel):
     """Human-readable detail."""
 
 
+class AutoscalingStatus(ApiModel):
+    """The service's HorizontalPodAutoscaler: its bounds and what it reports."""
+
+    min_replicas: int
+    """spec.services.<name>.autoscaling.minReplicas."""
+    max_replicas: int
+    """spec.services.<name>.autoscaling.maxReplicas."""
+    current_replicas: int
+    """Replicas the autoscaler last saw (0 until it reports)."""
+    desired_replicas: int
+    """Replicas the autoscaler last asked for (0 until it reports)."""
+
+
 class ServiceStatus(ApiModel):
     """Replica counts of one service's workload, as the workload reports them."""
 
@@ -689,6 +803,8 @@ class ServiceStatus(ApiModel):
     """Replicas the workload has now (pods, or groups for a LeaderWorkerSet), from its status."""
     ready_replicas: int
     """Ready replicas (pods, or groups for a LeaderWorkerSet)."""
+    autoscaling: AutoscalingStatus | None = None
+    """Set while spec.services.<name>.autoscaling is."""
 
 
 class GaieStatus(ApiModel):

@@ -1,7 +1,7 @@
 """The hooks as pure functions: a parsed Metacontroller request in, the answer out."""
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hooks import admission, preflight, status, vocabulary
@@ -9,7 +9,7 @@ from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_last_applied
 from hooks.immutable import keep_immutable_fields
 from hooks.limits import RenderedSize
-from hooks.renderers import discovery, gaie, nats
+from hooks.renderers import autoscaling, discovery, gaie, nats
 from hooks.renderers.patches import apply_patches
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
@@ -25,10 +25,15 @@ def _where_registered(kind: str) -> str:
     return f"the kustomize component metacontroller/components/{component}"
 
 
-def render_children(idep: InferaDeployment, allows: Callable[[dict], bool] = lambda child: True) -> list[dict]:
+def render_children(
+    idep: InferaDeployment,
+    allows: Callable[[dict], bool] = lambda child: True,
+    live: Mapping[str, int] | None = None,
+) -> list[dict]:
     """Every desired child, in a stable order: plumbing first, then services by name, with
-    spec.patches applied. Each child is measured as it is made: SpecError once one, or all
-    together, outgrow the size bounds.
+    spec.patches applied. `live` holds the replicas an autoscaler set on each autoscaled
+    service's workload (status.live_replicas). Each child is measured as it is made: SpecError
+    once one, or all together, outgrow the size bounds.
 
     GAIE is all or nothing: when `allows` (the kinds the CompositeController registers) refuses
     a gateway object, the graph is rendered as with GAIE off (no sidecars rolled into every GPU
@@ -36,11 +41,13 @@ def render_children(idep: InferaDeployment, allows: Callable[[dict], bool] = lam
     withhold_unregistered to name."""
     gateway = gaie.render(idep)
     if not all(allows(child) for child in gateway):
-        return _rendered(gaie.without_gateway(idep, gateway), []) + gateway
-    return _rendered(idep, gateway)
+        return _rendered(gaie.without_gateway(idep, gateway), [], allows, live or {}) + gateway
+    return _rendered(idep, gateway, allows, live or {})
 
 
-def _rendered(idep: InferaDeployment, gateway: list[dict]) -> list[dict]:
+def _rendered(
+    idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], live: Mapping[str, int]
+) -> list[dict]:
     sizes = RenderedSize()
     children: list[dict] = []
 
@@ -51,9 +58,14 @@ def _rendered(idep: InferaDeployment, gateway: list[dict]) -> list[dict]:
     for child in discovery.render(idep) + nats.render(idep) + gateway:
         add(child)
     for service, svc in sorted(idep.spec.services.items()):
-        add(workload(idep, service, svc))
+        add(workload(idep, service, svc, live.get(service)))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
+        for child in autoscaling.render(idep, service, svc):
+            # A budget nobody asked for is left out where the controller cannot create it,
+            # rather than holding up the pool (default_budgets_left_out says so).
+            if child["kind"] != "PodDisruptionBudget" or svc.disruption_budget is not None or allows(child):
+                add(child)
     patched = apply_patches(idep.spec.patches or [], children, sizes)
     admission.check(idep, children, patched)
     return patched
@@ -67,10 +79,12 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
 def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
     try:
         idep = InferaDeployment.from_parent(request.parent)
-        children = render_children(idep, request.allows)
+        live = status.live_replicas(idep, request.children)
+        children = render_children(idep, request.allows, live)
         preflight.check_graph(idep, children)
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.children)
+        notices += status.autoscaler_notices(idep, live) + default_budgets_left_out(idep, request)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
@@ -84,6 +98,24 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
         ),
         "children": children,
     }
+
+
+def default_budgets_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
+    """Say that the default disruption budgets are missing, and why."""
+    budget = vocabulary.BY_KIND["PodDisruptionBudget"]
+    if request.allows({"kind": budget.kind, "apiVersion": budget.api_version}):
+        return []
+    services = [
+        service
+        for service, svc in sorted(idep.spec.services.items())
+        if svc.disruption_budget is None and svc.budget_max_unavailable is not None
+    ]
+    if not services:
+        return []
+    return [
+        f"no PodDisruptionBudget for {', '.join(services)}: this CompositeController does not register "
+        f"{budget.kind} ({budget.api_version}); enable {_where_registered(budget.kind)}"
+    ]
 
 
 def _service_of(child: dict[str, Any]) -> str | None:

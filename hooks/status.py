@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hooks.api import (
+    AutoscalingStatus,
     Condition,
     ConditionStatus,
     GaieStatus,
@@ -18,7 +19,7 @@ from hooks.api import (
     ServiceStatus,
     State,
 )
-from hooks.contract import child_key
+from hooks.contract import child_key, field_at
 from hooks.vocabulary import EPP_SUFFIX, child_name, pool_name, route_name, workload_kind
 
 # Every hook takes the time from one of these: a test passes its own.
@@ -103,6 +104,72 @@ def _current_ready(workload: dict | None) -> int:
     return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
 
 
+def live_replicas(idep: InferaDeployment, observed: list[dict]) -> dict[str, int]:
+    """The replicas each autoscaled service's workload has now, as its autoscaler set them. Only
+    a workload of the kind the spec renders counts: pods and groups are different units, so a
+    switch between one and several nodes starts the new workload afresh."""
+    by_key = {child_key(child): child for child in observed}
+    live = {}
+    for service, svc in idep.spec.services.items():
+        if svc.autoscaling is None:
+            continue
+        replicas = field_at(by_key.get((workload_kind(svc), child_name(idep, service))), "spec", "replicas")
+        if isinstance(replicas, int) and not isinstance(replicas, bool):
+            live[service] = replicas
+    return live
+
+
+def autoscaler_notices(idep: InferaDeployment, live: dict[str, int]) -> list[str]:
+    """A replica count in the spec that an autoscaler overrides (the user's, or one the router's
+    scaling API wrote): said, so nobody waits for it."""
+    notices = []
+    for service, svc in sorted(idep.spec.services.items()):
+        if service in live and svc.desired_replicas(live[service]) != svc.replicas:
+            notices.append(
+                f"{service}: its HorizontalPodAutoscaler owns the replica count ({svc.desired_replicas(live[service])} "
+                f"now); spec replicas {svc.replicas} only sets the count a new workload starts with"
+            )
+    return notices
+
+
+# An autoscaler's condition message can be long (it quotes the metrics API's error).
+MAX_AUTOSCALER_MESSAGE = 200
+AUTOSCALER_CONDITIONS = ("AbleToScale", "ScalingActive")
+
+
+def _autoscaler(idep: InferaDeployment, service: str, by_key: Observed) -> dict[str, Any]:
+    return by_key.get(("HorizontalPodAutoscaler", child_name(idep, service))) or {}
+
+
+def _autoscaling_status(idep: InferaDeployment, service: str, by_key: Observed) -> AutoscalingStatus | None:
+    scaling = idep.spec.services[service].autoscaling
+    if scaling is None:
+        return None
+    reported = _autoscaler(idep, service, by_key).get("status") or {}
+    return AutoscalingStatus(
+        min_replicas=scaling.min_replicas,
+        max_replicas=scaling.max_replicas,
+        current_replicas=_as_int(reported.get("currentReplicas")),
+        desired_replicas=_as_int(reported.get("desiredReplicas")),
+    )
+
+
+def _autoscaler_trouble(idep: InferaDeployment, by_key: Observed) -> list[str]:
+    """What keeps an autoscaler from scaling, as it says in its conditions."""
+    trouble = []
+    for service, svc in sorted(idep.spec.services.items()):
+        if svc.autoscaling is None:
+            continue
+        conditions = field_at(_autoscaler(idep, service, by_key), "status", "conditions")
+        for condition in conditions if isinstance(conditions, list) else []:
+            if not isinstance(condition, dict) or condition.get("status") != "False":
+                continue
+            if condition.get("type") in AUTOSCALER_CONDITIONS:
+                detail = f"{condition.get('reason')}: {condition.get('message')}"[:MAX_AUTOSCALER_MESSAGE]
+                trouble.append(f"{service} autoscaler: {condition['type']} is False ({detail})")
+    return trouble
+
+
 def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, ServiceStatus]:
     """Each service's workload kind and counts as the workload reports them: the replicas it has
     now, not the ones asked for (the router's scaling API reads them as the current count)."""
@@ -114,6 +181,7 @@ def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, Serv
             kind=workload["kind"] if workload else workload_kind(svc),
             replicas=_as_int(reported.get("replicas")),
             ready_replicas=_as_int(reported.get("readyReplicas")),
+            autoscaling=_autoscaling_status(idep, service, by_key),
         )
     return statuses
 
@@ -184,8 +252,11 @@ def roll_up(
     by_key = {child_key(child): child for child in observed}
     services = service_statuses(idep, by_key)
     current = {service: _current_ready(_workload(idep, service, by_key)) for service in services}
-    # Readiness is judged against the spec: a replica that was never created is not ready.
-    waiting = {service: ready for service, ready in current.items() if ready < idep.spec.services[service].replicas}
+    # Readiness is judged against the count asked for (by the spec, or by an autoscaler): a
+    # replica that was never created is not ready.
+    live = live_replicas(idep, observed)
+    wanted = {service: svc.desired_replicas(live.get(service)) for service, svc in idep.spec.services.items()}
+    waiting = {service: ready for service, ready in current.items() if ready < wanted[service]}
     total = len(services)
     gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None
     gateway_waiting = _gaie_waiting(gateway) if gateway else None
@@ -193,9 +264,7 @@ def roll_up(
     if not observed:
         state, reason, message = "initializing", "Initializing", f"creating {total} services"
     elif waiting or gateway_waiting:
-        details = [
-            f"{service} {ready}/{idep.spec.services[service].replicas} ready" for service, ready in waiting.items()
-        ]
+        details = [f"{service} {ready}/{wanted[service]} ready" for service, ready in waiting.items()]
         if waiting:
             details.append(f"waiting on {len(waiting)} of {total} services")
         if gateway_waiting:
@@ -218,7 +287,7 @@ def roll_up(
     )
     return InferaDeploymentStatus(
         state="failed" if unregistered else state,
-        message="; ".join([*unregistered, message, *notices]),
+        message="; ".join([*unregistered, message, *_autoscaler_trouble(idep, by_key), *notices]),
         ready_services=f"{total - len(waiting)}/{total}",
         services=services,
         conditions=[

@@ -7,7 +7,8 @@ exactly the observed children of the stages still to come, and `finalized` waits
 to be observed. Every answer is a function of what is observed, so a repeated or late call
 gives the same next step, and a child already let go is never handed back.
 
-1. ingress: servers, their Services, the EPP, InferencePool and HTTPRoute stop new traffic;
+1. ingress: servers, their Services, the EPP, InferencePool and HTTPRoute stop new traffic, and
+   the autoscalers and disruption budgets go (no autoscaler scales a draining pool back up);
 2. workers: once no ingress object is left, worker Deployments and LeaderWorkerSets go and
    their pods drain (preStop, then the engine's drain timeout);
 3. plane: NATS and the discovery identity go once no worker pod is left, since a draining
@@ -28,7 +29,7 @@ from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
 # propagating), even if no watch event arrives.
 RESYNC_SECONDS = 5
-INGRESS_KINDS = ("InferencePool", "HTTPRoute")
+INGRESS_KINDS = ("InferencePool", "HTTPRoute", "HorizontalPodAutoscaler", "PodDisruptionBudget")
 # Past its deletion deadline by this much, a pod is stuck (lost node) rather than draining.
 STUCK_POD_SLACK = timedelta(seconds=60)
 # Between the deletion request and the worker workloads' deletion (the ingress step).

@@ -68,6 +68,8 @@ CHILD_KINDS = (
     ChildKind("ServiceAccount", "v1", "serviceaccounts", None),
     ChildKind("Role", "rbac.authorization.k8s.io/v1", "roles", None),
     ChildKind("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings", None),
+    ChildKind("HorizontalPodAutoscaler", "autoscaling/v2", "horizontalpodautoscalers", None),
+    ChildKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets", None),
     ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws"),
     ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie"),
     ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie"),

@@ -20,6 +20,8 @@ CORE = [
     ("v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    ("autoscaling/v2", "horizontalpodautoscalers"),
+    ("policy/v1", "poddisruptionbudgets"),
 ]
 LWS = [("leaderworkerset.x-k8s.io/v1", "leaderworkersets")]
 GAIE = [("inference.networking.k8s.io/v1", "inferencepools"), ("gateway.networking.k8s.io/v1", "httproutes")]

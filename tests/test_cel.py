@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 19
+    assert len(rules) == 21
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -147,6 +147,26 @@ CASES = [
         api.ENV_SOURCE_RULE,
     ),
     ("valueFrom with no source", spec_change(envs=[{"name": "A", "valueFrom": {}}]), api.ENV_SOURCE_RULE),
+    (
+        "autoscaling minimum over maximum",
+        service_change("decode", autoscaling={"minReplicas": 3, "maxReplicas": 2, "metrics": [{"type": "Pods"}]}),
+        api.AUTOSCALING_RANGE_RULE,
+    ),
+    (
+        "disruption budget of 0",
+        service_change("decode", disruptionBudget={"maxUnavailable": 0}),
+        api.MAX_UNAVAILABLE_RULE,
+    ),
+    (
+        "disruption budget of 0%",
+        service_change("decode", disruptionBudget={"maxUnavailable": "0%"}),
+        api.MAX_UNAVAILABLE_RULE,
+    ),
+    (
+        "disruption budget over 100%",
+        service_change("prefill", disruptionBudget={"maxUnavailable": "101%"}),
+        api.MAX_UNAVAILABLE_RULE,
+    ),
 ]
 
 

@@ -48,7 +48,9 @@ def test_scaling_one_pool_writes_exactly_that_child(hooks, path: Path) -> None:
     mc = converged(hooks, path)
     idep = mc.parent["metadata"]["name"]
     worker = next(
-        name for name, svc in sorted(mc.parent["spec"]["services"].items()) if svc["componentType"] == "worker"
+        name
+        for name, svc in sorted(mc.parent["spec"]["services"].items())
+        if svc["componentType"] == "worker" and "autoscaling" not in svc  # an autoscaler owns that count
     )
     mc.edit(lambda spec: spec["services"][worker].update(replicas=spec["services"][worker].get("replicas", 1) + 2))
     kind = workload_kind(mc.parent["spec"]["services"][worker])
@@ -69,6 +71,8 @@ def test_removing_a_service_prunes_exactly_its_objects(hooks, path: Path) -> Non
     expected = [("delete", workload_kind(services[victim]), f"{idep}-{victim}")]
     if services[victim]["componentType"] == "server":
         expected.append(("delete", "Service", f"{idep}-{victim}"))
+    else:
+        expected.append(("delete", "PodDisruptionBudget", f"{idep}-{victim}"))
     mc.edit(lambda spec: spec["services"].pop(victim))
     assert mc.child_writes(mc.sync()) == expected
     assert mc.sync() == []

@@ -19,6 +19,7 @@ def test_the_documented_examples_exist() -> None:
         "multinode-tp.yaml",
         "pd-1p1d-mooncake.yaml",
         "pd-vllm-moriio.yaml",
+        "pd-autoscaling.yaml",
     }
 
 
@@ -29,17 +30,35 @@ PLUMBING = {
     ("StatefulSet", "nats"),
     ("Service", "nats"),
 }
+
+
+def budgets(*pools: str) -> set[tuple[str, str]]:
+    """Every worker pool's PodDisruptionBudget."""
+    return {("PodDisruptionBudget", pool) for pool in pools}
+
+
 EXPECTED = {
     "pd-disaggregated.yaml": (
         "qwen-pd",
         PLUMBING
-        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")},
+        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")}
+        | budgets("prefill", "decode"),
+    ),
+    "pd-autoscaling.yaml": (
+        "qwen-auto",
+        PLUMBING
+        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")}
+        | {("HorizontalPodAutoscaler", "decode")}
+        | budgets("prefill", "decode"),
     ),
     "single-node-mixed.yaml": (
         "qwen-mixed",
-        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")},
+        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")} | budgets("worker"),
     ),
-    "etcd-discovery.yaml": ("llama-etcd", {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")}),
+    "etcd-discovery.yaml": (
+        "llama-etcd",
+        {("Deployment", "server"), ("Service", "server"), ("Deployment", "worker")} | budgets("worker"),
+    ),
     "gaie-pd.yaml": (
         "qwen-gaie",
         PLUMBING
@@ -50,12 +69,14 @@ EXPECTED = {
             ("Service", "epp"),
             ("InferencePool", "pool"),
             ("HTTPRoute", "route"),
-        },
+        }
+        | budgets("prefill", "decode"),
     ),
     "pd-1p1d-mooncake.yaml": (
         "qwen-1p1d",
         PLUMBING
-        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")},
+        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")}
+        | budgets("prefill", "decode"),
     ),
     "pd-vllm-moriio.yaml": (
         "llama-pd",
@@ -67,11 +88,12 @@ EXPECTED = {
             ("ServiceAccount", "disc"),
             ("Role", "disc"),
             ("RoleBinding", "disc"),
-        },
+        }
+        | budgets("prefill", "decode"),
     ),
     "multinode-tp.yaml": (
         "llama-tp",
-        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("LeaderWorkerSet", "worker")},
+        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("LeaderWorkerSet", "worker")} | budgets("worker"),
     ),
 }
 

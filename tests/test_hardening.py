@@ -207,7 +207,7 @@ def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
         "namespace": "ml",
         "name": "qwen-pd",
         "generation": 1,
-        "children": 9,
+        "children": 11,
         "state": "initializing",
         "outcome": "ok",
     }
@@ -289,7 +289,8 @@ def test_sigterm_lets_in_flight_calls_finish() -> None:
                 reply += chunk
         head, _, payload = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head
-        assert len(json.loads(payload)["children"]) == 207  # 200 workers, the server and its Service, NATS, RBAC
+        # 200 workers and their disruption budgets, the server and its Service, NATS, RBAC.
+        assert len(json.loads(payload)["children"]) == 407
         assert process.wait(timeout=30) == 0
     finally:
         process.kill()

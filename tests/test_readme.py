@@ -42,7 +42,7 @@ def test_readme_curl_call_answers_with_the_pd_graph(hook_url: str) -> None:
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
     answer = json.loads(result.stdout)
     assert set(answer) == {"children", "status"}
-    assert len(answer["children"]) == 9
+    assert len(answer["children"]) == 11
     assert answer["status"]["state"] == "initializing"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.prerequisites import REPO
-from tests.support.requests import PD, parent, request_body
+from tests.support.requests import PD, children_by_key, parent, request_body
 from tests.support.schemas import hook_schema
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
@@ -291,5 +291,5 @@ def test_a_patch_may_set_a_field_newer_than_the_shipped_schemas(hooks: HookClien
     # Not hooks.sync: the test suite's own validation is Kubernetes 1.33's, which lacks the field.
     answer = hooks.hook_raw("/sync", request_body(obj))
     assert answer["status"]["state"] != "failed", answer["status"]["message"]
-    (decode,) = [c for c in answer["children"] if c["metadata"]["name"] == "qwen-pd-decode"]
+    decode = children_by_key(answer)[("Deployment", "qwen-pd-decode")]
     assert decode["spec"]["template"]["spec"]["hostnameOverride"] == "d"

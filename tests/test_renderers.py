@@ -15,7 +15,7 @@ from hooks import runtime, vocabulary
 from hooks.api import ChildPatch, InferaDeployment, SpecError
 from hooks.limits import RenderedSize
 from hooks.reconcile import render_children
-from hooks.renderers import discovery, env, gaie, nats, overlay, pods, probes, services, workloads
+from hooks.renderers import autoscaling, discovery, env, gaie, nats, overlay, pods, probes, services, workloads
 from hooks.renderers.patches import apply_patches
 from hooks.runtime import Process
 from tests.support.requests import parent
@@ -524,7 +524,7 @@ def test_render_children_order_is_stable() -> None:
     assert [f"{c['kind']}/{c['metadata']['name']}" for c in children] == (
         "ServiceAccount/g-disc Role/g-disc RoleBinding/g-disc StatefulSet/g-nats Service/g-nats Deployment/g-epp "
         "Service/g-epp InferencePool/g-pool HTTPRoute/g-route Deployment/g-alpha Service/g-alpha "
-        "LeaderWorkerSet/g-mid Deployment/g-zeta"
+        "LeaderWorkerSet/g-mid PodDisruptionBudget/g-mid Deployment/g-zeta PodDisruptionBudget/g-zeta"
     ).split()
     reordered = {"mid": {**WORKER, "numberOfNodes": 2}, "alpha": SERVER, "zeta": WORKER}
     assert render_children(build(reordered, gaie=GAIE)) == children
@@ -548,3 +548,35 @@ def test_a_refused_gateway_kind_renders_the_graph_as_with_gaie_off() -> None:
     # Allowed, the EPP is patched; refused, it follows as rendered.
     (epp,) = [c for c in render_children(idep) if (c["kind"], c["metadata"]["name"]) == ("Deployment", "g-epp")]
     assert (epp["spec"].get("paused"), children[-4]["spec"].get("paused")) == (True, None)
+
+
+def test_autoscaling_children_of_each_service() -> None:
+    """A worker pool always has a budget; a router only when it always keeps two or more; the
+    autoscaler targets the workload kind and its metric quantities are canonical."""
+    metric = {"type": "Pods", "pods": {"metric": {"name": "q"}, "target": {"type": "AverageValue", "averageValue": 2}}}
+    scaled = {"minReplicas": 2, "maxReplicas": 4, "metrics": [metric]}
+    idep = build({"router": SERVER, "big": {**SERVER, "autoscaling": scaled}, "pool": {**WORKER, "numberOfNodes": 2}})
+    assert autoscaling.render(idep, "router", idep.spec.services["router"]) == []
+    (hpa, budget) = autoscaling.render(idep, "big", idep.spec.services["big"])
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "g-big"}
+    assert hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "2"
+    assert (
+        hpa["spec"]["behavior"] == autoscaling.DEFAULT_BEHAVIOR
+        and hpa["spec"]["behavior"] is not autoscaling.DEFAULT_BEHAVIOR
+    )
+    (pool_budget,) = autoscaling.render(idep, "pool", idep.spec.services["pool"])
+    assert pool_budget["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": selector("pool")},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    valid(hpa, budget, pool_budget)
+
+
+def test_a_metric_value_that_is_not_a_quantity_fails_naming_it() -> None:
+    metric = {"type": "Object", "object": {"target": {"type": "Value", "value": "1.5.2"}}}
+    idep = build({"worker": {**WORKER, "autoscaling": {"maxReplicas": 2, "metrics": [metric]}}})
+    with pytest.raises(
+        SpecError, match=r"spec\.services\.worker\.autoscaling\.metrics\[0\]\.object\.target\.value: '1\.5\.2' is not"
+    ):
+        autoscaling.render(idep, "worker", idep.spec.services["worker"])

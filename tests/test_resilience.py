@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.requests import PD, parent, request_body
+from tests.support.requests import PD, children_by_key, parent, request_body
 from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape
 
 
@@ -75,7 +75,7 @@ def test_readyz_fails_when_a_known_good_graph_does_not_render(monkeypatch: pytes
 
     client = app_module.create_app().test_client()
     assert client.get("/readyz").json == {"status": "ready"}
-    monkeypatch.setattr(reconcile, "render_children", lambda idep, allows: [][0])
+    monkeypatch.setattr(reconcile, "render_children", lambda *arguments: [][0])
     reply = client.get("/readyz")
     assert reply.status_code == 503
     assert reply.json == {
@@ -195,7 +195,7 @@ def test_the_most_patch_operations_allowed_apply_quickly_and_more_are_refused(ho
     ]
     answer = hooks.hook("/sync", request_body(with_patches(*patches)))
     assert answer["status"]["state"] == "initializing"
-    (decode,) = [c for c in answer["children"] if c["metadata"]["name"] == "qwen-pd-decode"]
+    decode = children_by_key(answer)[("Deployment", "qwen-pd-decode")]
     assert len(decode["metadata"]["annotations"]) == 100 * 100 - 1
 
     refused = hooks.hook("/sync", request_body(with_patches(*patches, patches[1])))

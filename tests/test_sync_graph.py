@@ -44,6 +44,9 @@ def test_seed_pd_graph_children(hooks) -> None:
         ("Deployment", "qwen-pd-decode"),
         ("Deployment", "qwen-pd-prefill"),
         ("Deployment", "qwen-pd-server"),
+        # Every worker pool gets a disruption budget; the single router does not need one.
+        ("PodDisruptionBudget", "qwen-pd-decode"),
+        ("PodDisruptionBudget", "qwen-pd-prefill"),
         ("Role", "qwen-pd-disc"),
         ("RoleBinding", "qwen-pd-disc"),
         ("Service", "qwen-pd-nats"),
@@ -241,7 +244,7 @@ def test_discovery_identity_is_least_privilege(hooks) -> None:
 def test_etcd_discovery(hooks) -> None:
     answer = hooks.sync(pd_parent(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"))
     kinds = {kind for kind, _ in children_by_key(answer)}
-    assert kinds == {"Deployment", "Service", "StatefulSet"}  # no RBAC objects
+    assert kinds == {"Deployment", "PodDisruptionBudget", "Service", "StatefulSet"}  # no RBAC objects
     etcd = ["--discovery-backend", "etcd", "--etcd-endpoint", "etcd.infra:2379"]
     # Workers advertise their Pod IP (kubelet expands it): the runtime reads POD_IP only under
     # Kubernetes discovery and would register 0.0.0.0.

@@ -9,6 +9,10 @@ from tests.support.requests import controller, parent, request_body
 from tests.support.simulator import Metacontroller
 
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway"}
+QUEUE_DEPTH = {
+    "type": "Pods",
+    "pods": {"metric": {"name": "sglang_num_queue_reqs"}, "target": {"type": "AverageValue", "averageValue": "8"}},
+}
 INGRESS = {
     ("Deployment", "qwen-pd-server"),
     ("Service", "qwen-pd-server"),
@@ -16,6 +20,10 @@ INGRESS = {
     ("Service", "qwen-pd-epp"),
     ("InferencePool", "qwen-pd-pool"),
     ("HTTPRoute", "qwen-pd-route"),
+    # No autoscaler may scale a draining pool back up.
+    ("HorizontalPodAutoscaler", "qwen-pd-decode"),
+    ("PodDisruptionBudget", "qwen-pd-decode"),
+    ("PodDisruptionBudget", "qwen-pd-prefill"),
 }
 WORKERS = {("Deployment", "qwen-pd-prefill"), ("LeaderWorkerSet", "qwen-pd-decode")}
 PLANE = {
@@ -28,11 +36,12 @@ PLANE = {
 
 
 def full_graph(hooks) -> Metacontroller:
-    """A converged graph with GAIE, NATS and a multi-node pool, its pods running."""
+    """A converged graph with GAIE, NATS and an autoscaled multi-node pool, its pods running."""
     need_schemas()
     obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
     obj["spec"]["gaie"] = GAIE
     obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj["spec"]["services"]["decode"]["autoscaling"] = {"maxReplicas": 2, "metrics": [QUEUE_DEPTH]}
     mc = Metacontroller(hooks, obj)
     mc.converge()
     mc.mark_ready()
@@ -59,7 +68,7 @@ def test_teardown_order_and_idempotence(hooks) -> None:
     # 1. Stop new traffic.
     assert deleted(mc.finalize()) == INGRESS
     assert mc.parent["status"]["state"] == "terminating"
-    assert mc.parent["status"]["message"] == "stopping traffic: removing 6 ingress objects"
+    assert mc.parent["status"]["message"] == "stopping traffic: removing 9 ingress objects"
     assert mc.last_answer["resyncAfterSeconds"] == 5
     assert set(mc.children) == WORKERS | PLANE
 
@@ -123,7 +132,12 @@ def test_without_the_customize_hook_the_plane_waits_out_the_grace_period(hooks) 
     mc = Metacontroller(hooks, obj, composite=composite)
     mc.converge()
     mc.run_pods()
-    assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-server"), ("Service", "qwen-pd-server")}
+    assert deleted(mc.finalize()) == {
+        ("Deployment", "qwen-pd-server"),
+        ("Service", "qwen-pd-server"),
+        ("PodDisruptionBudget", "qwen-pd-prefill"),
+        ("PodDisruptionBudget", "qwen-pd-decode"),
+    }
     assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
     # Pods are not visible: the plane stays for the longest worker grace period (60 s here).
     assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]

@@ -5,9 +5,9 @@ from hooks.renderers.pods import pod_template
 from hooks.vocabulary import BY_KIND, object_metadata, selector_labels
 
 
-def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int) -> dict:
     spec: dict = {
-        "replicas": svc.replicas,
+        "replicas": replicas,
         "selector": {"matchLabels": selector_labels(idep, service)},
         "template": pod_template(idep, service, svc),
     }
@@ -23,14 +23,14 @@ def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
     }
 
 
-def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int) -> dict:
     """One model instance spanning `numberOfNodes` pods; `replicas` counts such groups."""
     return {
         "apiVersion": BY_KIND["LeaderWorkerSet"].api_version,
         "kind": "LeaderWorkerSet",
         "metadata": object_metadata(idep, service),
         "spec": {
-            "replicas": svc.replicas,
+            "replicas": replicas,
             # Workers start with the leader: with LeaderReady the leader could never turn ready,
             # since its /health waits for the ranks that would wait for it.
             "startupPolicy": "LeaderCreated",
@@ -50,5 +50,7 @@ def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec) ->
     }
 
 
-def workload(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
-    return leader_worker_set(idep, service, svc) if svc.number_of_nodes > 1 else deployment(idep, service, svc)
+def workload(idep: InferaDeployment, service: str, svc: ServiceSpec, live: int | None = None) -> dict:
+    """`live`: the replicas the service's workload has now, which an autoscaler may have set."""
+    build = leader_worker_set if svc.number_of_nodes > 1 else deployment
+    return build(idep, service, svc, svc.desired_replicas(live))

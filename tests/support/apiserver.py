@@ -128,6 +128,19 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         )
 
 
+HPA_RULE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "scaleUp": {
+        "stabilizationWindowSeconds": 0,
+        "selectPolicy": "Max",
+        "policies": [
+            {"type": "Pods", "value": 4, "periodSeconds": 15},
+            {"type": "Percent", "value": 100, "periodSeconds": 15},
+        ],
+    },
+    "scaleDown": {"selectPolicy": "Max", "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]},
+}
+
+
 def store(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as the API server would return it after a create or update."""
     obj = copy.deepcopy(obj)
@@ -156,6 +169,13 @@ def store(obj: dict[str, Any]) -> dict[str, Any]:
             claim["spec"].setdefault("volumeMode", "Filesystem")
             _quantities(claim["spec"].get("resources", {}).get("requests"))
             claim.setdefault("status", {"phase": "Pending"})
+    elif kind == "HorizontalPodAutoscaler":
+        spec.setdefault("minReplicas", 1)
+        # A behavior given in part is completed, rule by rule (autoscaling/v2 defaults.go).
+        for direction, defaults in HPA_RULE_DEFAULTS.items() if "behavior" in spec else ():
+            rules = spec["behavior"].setdefault(direction, {})
+            for key, value in defaults.items():
+                rules.setdefault(key, copy.deepcopy(value))
     elif kind == "Service":
         spec.setdefault("type", "ClusterIP")
         spec.setdefault("sessionAffinity", "None")

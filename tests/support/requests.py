@@ -23,6 +23,8 @@ RESOURCE_KINDS = {
     "serviceaccounts": "ServiceAccount",
     "roles": "Role",
     "rolebindings": "RoleBinding",
+    "horizontalpodautoscalers": "HorizontalPodAutoscaler",
+    "poddisruptionbudgets": "PodDisruptionBudget",
     "leaderworkersets": "LeaderWorkerSet",
     "inferencepools": "InferencePool",
     "httproutes": "HTTPRoute",

@@ -99,8 +99,6 @@ def validate(obj: dict[str, Any], crd_dirs: list[Path]) -> None:
         raise AssertionError(f"{label}: no schema for {api_version} {kind}: {error}") from None
 
 
-# The kinds whose schemas the hook ships (hooks/kubernetes-schema.json), by the definition that
-# describes them: every core kind it renders, and the pod template a LeaderWorkerSet embeds.
 # Kinds only the upstream CRDs in SCHEMAS describe.
 UPSTREAM_KINDS = ("LeaderWorkerSet", "InferencePool", "HTTPRoute", "CompositeController")
 
@@ -126,6 +124,8 @@ def validate_status(status: dict[str, Any]) -> None:
     assert not errors, f"status does not fit the CRD: {errors}"
 
 
+# The kinds whose schemas the hook ships (hooks/kubernetes-schema.json), by the definition that
+# describes them: every core kind it renders, and the pod template a LeaderWorkerSet embeds.
 HOOK_SCHEMA_ROOTS = {
     "Deployment": "io.k8s.api.apps.v1.Deployment",
     "StatefulSet": "io.k8s.api.apps.v1.StatefulSet",
@@ -133,6 +133,8 @@ HOOK_SCHEMA_ROOTS = {
     "ServiceAccount": "io.k8s.api.core.v1.ServiceAccount",
     "Role": "io.k8s.api.rbac.v1.Role",
     "RoleBinding": "io.k8s.api.rbac.v1.RoleBinding",
+    "HorizontalPodAutoscaler": "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
+    "PodDisruptionBudget": "io.k8s.api.policy.v1.PodDisruptionBudget",
     "PodTemplateSpec": "io.k8s.api.core.v1.PodTemplateSpec",
 }
 INTEGER_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}

@@ -218,6 +218,14 @@ class Metacontroller:
                     "observedGeneration": child["metadata"]["generation"],
                 }
 
+    def autoscale(self, kind: str, name: str, replicas: int) -> None:
+        """The HorizontalPodAutoscaler controller resizes a workload through its /scale
+        subresource: spec.replicas changes (a new generation), not by the hook."""
+        child = self.children[(kind, name)]
+        child["spec"]["replicas"] = replicas
+        child["metadata"]["generation"] += 1
+        child["metadata"]["resourceVersion"] = str(next(self._versions))
+
     def set_status(self, kind: str, name: str, status: dict[str, Any]) -> None:
         """Another controller (a Gateway, say) writes a child's status."""
         self.children[(kind, name)]["status"] = status
