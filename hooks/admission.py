@@ -36,6 +36,7 @@ from hooks.api import (
 from hooks.contract import field_at, is_string_map
 from hooks.kubernetes_schema import Problem
 from hooks.quantity import quantity_value
+from hooks.renderers.patches import targeting
 from hooks.vocabulary import SERVICE_LABEL
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -269,6 +270,83 @@ def _service_problems(child: dict) -> Iterator[Problem]:
             yield f"spec.selector.{key}", f"{shown(value)} is not a valid label value"
 
 
+# autoscaling/v2 metric types: the source field each must set alone, and the target types it takes.
+METRIC_SOURCES = {
+    "Object": ("object", ("Value", "AverageValue")),
+    "Pods": ("pods", ("AverageValue",)),
+    "Resource": ("resource", ("Utilization", "AverageValue")),
+    "ContainerResource": ("containerResource", ("Utilization", "AverageValue")),
+    "External": ("external", ("Value", "AverageValue")),
+}
+TARGET_FIELDS = {"Utilization": "averageUtilization", "Value": "value", "AverageValue": "averageValue"}
+SELECT_POLICIES = ("Max", "Min", "Disabled")
+SCALING_POLICY_TYPES = ("Pods", "Percent")
+MAX_STABILIZATION_SECONDS = 3600
+MAX_POLICY_PERIOD_SECONDS = 1800
+
+
+def _metric_problems(metric: dict, at: str) -> Iterator[Problem]:
+    """What the API server's autoscaling validation refuses in a MetricSpec beyond its schema."""
+    if metric.get("type") not in METRIC_SOURCES:
+        yield f"{at}.type", f"{shown(metric.get('type'))} must be one of {', '.join(METRIC_SOURCES)}"
+        return
+    field, target_types = METRIC_SOURCES[metric["type"]]
+    others = sorted(set(metric) - {"type", field})
+    if field not in metric or others:
+        yield at, f"a {metric['type']} metric sets {field} and no other source (it sets {', '.join(others) or 'none'})"
+        return
+    source = metric[field]
+    if metric["type"] in ("Resource", "ContainerResource"):
+        if not source.get("name"):
+            yield f"{at}.{field}.name", "the resource name is required"
+    else:
+        name = (source.get("metric") or {}).get("name") or ""
+        if not name or name in (".", "..") or "/" in name or "%" in name:
+            yield f"{at}.{field}.metric.name", f"{shown(name)} is not a metric name (non-empty, no '/' or '%')"
+    target = source.get("target") or {}
+    if target.get("type") not in target_types:
+        yield f"{at}.{field}.target.type", f"must be {' or '.join(target_types)} for a {metric['type']} metric"
+        return
+    value_field = TARGET_FIELDS[target["type"]]
+    value = target.get(value_field)
+    amount = None if value is None else value if value_field == "averageUtilization" else _quantity(value)
+    if amount is None or amount <= 0:
+        yield f"{at}.{field}.target.{value_field}", f"a {target['type']} target needs a positive {value_field}"
+
+
+def _scaling_rules_problems(rules: dict, at: str) -> Iterator[Problem]:
+    window = rules.get("stabilizationWindowSeconds")
+    if window is not None and not 0 <= window <= MAX_STABILIZATION_SECONDS:
+        yield f"{at}.stabilizationWindowSeconds", f"must be between 0 and {MAX_STABILIZATION_SECONDS}"
+    if rules.get("selectPolicy") not in (None, *SELECT_POLICIES):
+        yield f"{at}.selectPolicy", f"{shown(rules['selectPolicy'])} must be one of {', '.join(SELECT_POLICIES)}"
+    if "tolerance" in rules:
+        # Alpha in Kubernetes 1.33 (HPAConfigurableTolerance): a server without the gate drops it,
+        # and Metacontroller would write it back on every sync.
+        yield f"{at}.tolerance", "needs the HPAConfigurableTolerance feature gate; leave it out"
+    policies = rules.get("policies")
+    if policies is not None and not policies:
+        yield f"{at}.policies", "must list at least one policy (leave the field out for the default)"
+    for index, policy in enumerate(policies or []):
+        where = f"{at}.policies[{index}]"
+        if policy.get("type") not in SCALING_POLICY_TYPES:
+            yield f"{where}.type", f"{shown(policy.get('type'))} must be one of {', '.join(SCALING_POLICY_TYPES)}"
+        if not policy.get("value", 0) > 0:
+            yield f"{where}.value", "must be greater than 0"
+        if not 0 < policy.get("periodSeconds", 0) <= MAX_POLICY_PERIOD_SECONDS:
+            yield f"{where}.periodSeconds", f"must be between 1 and {MAX_POLICY_PERIOD_SECONDS}"
+
+
+def _autoscaler_problems(child: dict) -> Iterator[Problem]:
+    spec = child.get("spec") or {}
+    for index, metric in enumerate(spec.get("metrics") or []):
+        yield from _metric_problems(metric, f"spec.metrics[{index}]")
+    for direction in ("scaleUp", "scaleDown"):
+        rules = (spec.get("behavior") or {}).get(direction)
+        if isinstance(rules, dict):
+            yield from _scaling_rules_problems(rules, f"spec.behavior.{direction}")
+
+
 # Syncs re-render the same children over and over (each child status change is a new request):
 # a verdict is kept by the child's digest, which costs a tenth of checking it again.
 VERDICTS_KEPT = 4096
@@ -307,6 +385,7 @@ def _check_child(child: dict) -> str | None:
             _metadata_problems(child.get("metadata"), "metadata"),
             _workload_problems(child) if child["kind"] in POD_TEMPLATES else (),
             _service_problems(child) if child["kind"] == "Service" else (),
+            _autoscaler_problems(child) if child["kind"] == "HorizontalPodAutoscaler" else (),
         )
         problem = next(semantic, None)
     return None if problem is None else f"{problem[0]}: {problem[1]}"
@@ -337,12 +416,7 @@ def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> 
             continue
         name = f"{after['kind']} {after['metadata']['name']}"
         if after is not before and (source is None or refusal(before) is None):
-            indices = [
-                f"patches[{index}]"
-                for index, patch in enumerate(patches)
-                if (patch.target.kind, patch.target.name) == (after["kind"], after["metadata"]["name"])
-            ]
             raise SpecError(
-                f"{', '.join(indices)} ({name}): the API server would refuse the patched {after['kind']}: {reason}"
+                f"{targeting(patches, after)} ({name}): the API server would refuse the patched {after['kind']}: {reason}"
             )
         raise SpecError(f"{source}: the API server would refuse {name} made from it: {reason}")

@@ -184,3 +184,23 @@ def as_last_applied(child: dict[str, Any]) -> dict[str, Any]:
             return applied
     kept_metadata = {k: metadata[k] for k in ("name", "namespace", "labels", "annotations") if k in metadata}
     return {k: v for k, v in child.items() if k not in ("status", "metadata")} | {"metadata": kept_metadata}
+
+
+def as_kept(kept: list[dict[str, Any]], observed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Observed children answered so that nothing on the cluster changes: each as last applied,
+    except the replicas of a workload that an observed HorizontalPodAutoscaler scales. Those are
+    the autoscaler's: answering the recorded count would undo its every decision."""
+    scaled = {
+        (ref.get("kind"), ref.get("name"))
+        for hpa in observed
+        if hpa.get("kind") == "HorizontalPodAutoscaler"
+        and isinstance(ref := field_at(hpa, "spec", "scaleTargetRef"), dict)
+    }
+    answer = []
+    for child in kept:
+        applied = as_last_applied(child)
+        live = field_at(child, "spec", "replicas")
+        if child_key(child) in scaled and type(live) is int and isinstance(applied.get("spec"), dict):
+            applied = {**applied, "spec": {**applied["spec"], "replicas": live}}
+        answer.append(applied)
+    return answer

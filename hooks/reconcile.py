@@ -6,11 +6,11 @@ from typing import Any
 
 from hooks import admission, preflight, status, vocabulary
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_last_applied
+from hooks.contract import HookRequest, as_kept
 from hooks.immutable import keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.renderers import autoscaling, discovery, gaie, nats
-from hooks.renderers.patches import apply_patches
+from hooks.renderers.patches import apply_patches, targeting
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
 from hooks.vocabulary import SERVICE_LABEL
@@ -67,8 +67,30 @@ def _rendered(
             if child["kind"] != "PodDisruptionBudget" or svc.disruption_budget is not None or allows(child):
                 add(child)
     patched = apply_patches(idep.spec.patches or [], children, sizes)
+    _check_autoscaler_owned(idep, children, patched)
     admission.check(idep, children, patched)
     return patched
+
+
+# What spec.services.<name>.autoscaling decides, by kind: a patch setting it would fight the autoscaler.
+AUTOSCALER_OWNED = {
+    "Deployment": ("replicas",),
+    "LeaderWorkerSet": ("replicas",),
+    "HorizontalPodAutoscaler": ("scaleTargetRef", "minReplicas", "maxReplicas"),
+}
+
+
+def _check_autoscaler_owned(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> None:
+    for before, after in zip(rendered, patched, strict=True):
+        svc = idep.spec.services.get(_service_of(after) or "")
+        if after is before or svc is None or svc.autoscaling is None:
+            continue
+        for field in AUTOSCALER_OWNED.get(after["kind"], ()):
+            if (after.get("spec") or {}).get(field) != before["spec"].get(field):
+                raise SpecError(
+                    f"{targeting(idep.spec.patches or [], after)} ({after['kind']} {after['metadata']['name']}): "
+                    f"spec.{field} is set by spec.services.{_service_of(after)}.autoscaling, not by a patch"
+                )
 
 
 def _previous_status(request: HookRequest) -> dict[str, Any]:
@@ -84,7 +106,7 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
         preflight.check_graph(idep, children)
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.children)
-        notices += status.autoscaler_notices(idep, live) + default_budgets_left_out(idep, request)
+        notices += status.autoscaler_notices(idep, live, children) + default_budgets_left_out(idep, request)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
@@ -136,7 +158,7 @@ def withhold_unregistered(
         return children, []
     blocked = {_service_of(child) for child in withheld}
     answer = [child for child in children if _service_of(child) not in blocked]
-    answer += [as_last_applied(child) for child in request.children if _service_of(child) in blocked]
+    answer += as_kept([child for child in request.children if _service_of(child) in blocked], request.children)
     messages = [
         f"{child['kind']} {child['metadata']['name']} cannot be created: this CompositeController does not "
         f"register {child['kind']} ({child['apiVersion']}); enable "
@@ -147,12 +169,12 @@ def withhold_unregistered(
 
 
 def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> dict[str, Any]:
-    """A bad spec fails loudly in status and keeps every observed child exactly as applied,
-    creating nothing new."""
+    """A bad spec fails loudly in status and keeps every observed child exactly as applied (an
+    autoscaled workload at the autoscaler's count), creating nothing new."""
     generation = request.parent["metadata"].get("generation")
     return {
         "status": status.as_wire(
             status.failed(message, generation if isinstance(generation, int) else 0, _previous_status(request), now)
         ),
-        "children": [as_last_applied(child) for child in request.children],
+        "children": as_kept(request.children, request.children),
     }

@@ -119,15 +119,20 @@ def live_replicas(idep: InferaDeployment, observed: list[dict]) -> dict[str, int
     return live
 
 
-def autoscaler_notices(idep: InferaDeployment, live: dict[str, int]) -> list[str]:
-    """A replica count in the spec that an autoscaler overrides (the user's, or one the router's
-    scaling API wrote): said, so nobody waits for it."""
+def autoscaler_notices(idep: InferaDeployment, live: dict[str, int], answered: list[dict]) -> list[str]:
+    """A replica count written in the spec (by a user, or by the router's scaling API) that the
+    autoscaler of a service overrides: said, so nobody waits for it. Only for an autoscaler in
+    the answer (`answered`): one withheld for its unregistered kind owns nothing."""
+    scaled = {child_key(child) for child in answered if child["kind"] == "HorizontalPodAutoscaler"}
     notices = []
     for service, svc in sorted(idep.spec.services.items()):
-        if service in live and svc.desired_replicas(live[service]) != svc.replicas:
+        if service not in live or "replicas" not in svc.model_fields_set:
+            continue
+        count = svc.desired_replicas(live[service])
+        if ("HorizontalPodAutoscaler", child_name(idep, service)) in scaled and count != svc.replicas:
             notices.append(
-                f"{service}: its HorizontalPodAutoscaler owns the replica count ({svc.desired_replicas(live[service])} "
-                f"now); spec replicas {svc.replicas} only sets the count a new workload starts with"
+                f"{service}: replicas {svc.replicas} in the spec is not applied while autoscaling owns the count "
+                f"({count} now)"
             )
     return notices
 
@@ -165,7 +170,9 @@ def _autoscaler_trouble(idep: InferaDeployment, by_key: Observed) -> list[str]:
             if not isinstance(condition, dict) or condition.get("status") != "False":
                 continue
             if condition.get("type") in AUTOSCALER_CONDITIONS:
-                detail = f"{condition.get('reason')}: {condition.get('message')}"[:MAX_AUTOSCALER_MESSAGE]
+                # One line, however the autoscaler wrote it.
+                detail = " ".join(f"{condition.get('reason')}: {condition.get('message')}".split())
+                detail = detail[:MAX_AUTOSCALER_MESSAGE]
                 trouble.append(f"{service} autoscaler: {condition['type']} is False ({detail})")
     return trouble
 
@@ -252,10 +259,13 @@ def roll_up(
     by_key = {child_key(child): child for child in observed}
     services = service_statuses(idep, by_key)
     current = {service: _current_ready(_workload(idep, service, by_key)) for service in services}
-    # Readiness is judged against the count asked for (by the spec, or by an autoscaler): a
-    # replica that was never created is not ready.
-    live = live_replicas(idep, observed)
-    wanted = {service: svc.desired_replicas(live.get(service)) for service, svc in idep.spec.services.items()}
+    # Readiness is judged against the count the spec asks for (a replica that was never created
+    # is not ready); an autoscaled service against minReplicas, so a scale-up in progress (minutes
+    # of model loading) does not turn a serving graph pending.
+    wanted = {
+        service: svc.autoscaling.min_replicas if svc.autoscaling else svc.replicas
+        for service, svc in idep.spec.services.items()
+    }
     waiting = {service: ready for service, ready in current.items() if ready < wanted[service]}
     total = len(services)
     gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None

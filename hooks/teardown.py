@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_last_applied, field_at
+from hooks.contract import HookRequest, as_kept, field_at
 from hooks.renderers.pods import pod_template as workload_template
 from hooks.status import Clock, as_wire, terminating, utc_now
 from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
@@ -131,7 +131,7 @@ def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
         kept, message = [], f"removing the NATS broker and discovery identity ({len(by_stage['plane'])} objects)"
     return {
         "status": as_wire(terminating(message)),
-        "children": [as_last_applied(child) for child in kept],
+        "children": as_kept(kept, request.children),
         "finalized": False,
         "resyncAfterSeconds": RESYNC_SECONDS,
     }

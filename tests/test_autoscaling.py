@@ -18,6 +18,22 @@ QUEUE_DEPTH = {
 }
 AUTOSCALING = {"minReplicas": 1, "maxReplicas": 8, "metrics": [QUEUE_DEPTH]}
 DECODE = ("Deployment", "qwen-pd-decode")
+REFUSED = "spec.services.decode.autoscaling: the API server would refuse HorizontalPodAutoscaler qwen-pd-decode made from it: "
+
+
+def pods(name: str = "m", target: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Pods metric source (and only the source)."""
+    return {"pods": {"metric": {"name": name}, "target": target or {"type": "AverageValue", "averageValue": "1"}}}
+
+
+def metrics(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"maxReplicas": 2, "metrics": [item if "type" in item else {"type": "Pods", **item} for item in items]}
+
+
+def behavior(**scale_down: Any) -> dict[str, Any]:
+    return {**metrics(pods()), "behavior": {"scaleDown": scale_down}}
+
+
 DECODE_HPA = ("HorizontalPodAutoscaler", "qwen-pd-decode")
 
 
@@ -74,14 +90,21 @@ def test_the_default_behavior_scales_up_at_once_and_down_slowly() -> None:
 
 
 def test_metric_quantities_are_rendered_as_the_api_server_stores_them(hooks) -> None:
-    """`averageValue: 1000m` is stored as "1" and an unquoted 8 as "8": anything else would be
-    re-applied on every sync."""
+    """`averageValue: 1000m` is stored as "1", an unquoted 8 as "8", 0.5 as "500m", and a null
+    not at all: anything else would be re-applied on every sync."""
     metrics = [
         {
             "type": "Pods",
             "pods": {"metric": {"name": "a"}, "target": {"type": "AverageValue", "averageValue": "1000m"}},
         },
-        {"type": "External", "external": {"metric": {"name": "b"}, "target": {"type": "Value", "value": 8}}},
+        {
+            "type": "External",
+            "external": {"metric": {"name": "b", "selector": None}, "target": {"type": "Value", "value": 8}},
+        },
+        {
+            "type": "External",
+            "external": {"metric": {"name": "c"}, "target": {"type": "AverageValue", "averageValue": 0.5}},
+        },
     ]
     obj = autoscaled(
         autoscaling={**AUTOSCALING, "metrics": metrics, "behavior": {"scaleDown": {"selectPolicy": "Min"}}}
@@ -90,7 +113,9 @@ def test_metric_quantities_are_rendered_as_the_api_server_stores_them(hooks) -> 
     assert [m["pods" if m["type"] == "Pods" else "external"]["target"] for m in hpa["metrics"]] == [
         {"type": "AverageValue", "averageValue": "1"},
         {"type": "Value", "value": "8"},
+        {"type": "AverageValue", "averageValue": "500m"},
     ]
+    assert hpa["metrics"][1]["external"]["metric"] == {"name": "b"}  # the API server drops a null
     assert hpa["behavior"] == {"scaleDown": {"selectPolicy": "Min"}}  # given: passed through as written
 
 
@@ -108,7 +133,8 @@ def test_a_scale_up_by_the_autoscaler_is_never_undone(hooks) -> None:
         assert mc.child_writes(mc.sync()) == []
     assert mc.children[DECODE]["spec"]["replicas"] == 5
     assert mc.sync() == []  # the status settled too
-    assert "decode: its HorizontalPodAutoscaler owns the replica count (5 now)" in mc.parent["status"]["message"]
+    notice = "decode: replicas 1 in the spec is not applied while autoscaling owns the count (5 now)"
+    assert mc.parent["status"]["message"].endswith(notice)
 
 
 def test_a_new_replicas_in_the_spec_is_not_applied_while_the_autoscaler_owns_the_count(hooks) -> None:
@@ -120,8 +146,7 @@ def test_a_new_replicas_in_the_spec_is_not_applied_while_the_autoscaler_owns_the
     assert mc.child_writes(mc.sync()) == []
     assert mc.children[DECODE]["spec"]["replicas"] == 4
     assert mc.parent["status"]["message"].endswith(
-        "decode: its HorizontalPodAutoscaler owns the replica count (4 now); spec replicas 2 only sets the count a "
-        "new workload starts with"
+        "decode: replicas 2 in the spec is not applied while autoscaling owns the count (4 now)"
     )
 
 
@@ -291,6 +316,67 @@ def test_without_the_budget_kind_registered_default_budgets_are_left_out_and_sai
             {"maxReplicas": 2, "metrics": [{"type": "Object", "object": {"target": {"value": "lots"}}}]},
             "spec.services.decode.autoscaling.metrics[0].object.target.value: 'lots' is not a Kubernetes quantity",
         ),
+        # What the API server's autoscaling validation refuses beyond the schema.
+        (
+            metrics(pods(target={"type": "AverageValue"})),
+            REFUSED + "spec.metrics[0].pods.target.averageValue: a AverageValue target needs a positive averageValue",
+        ),
+        (
+            metrics(pods(target={"type": "AverageValue", "averageValue": "-1"})),
+            REFUSED + "spec.metrics[0].pods.target.averageValue: a AverageValue target needs a positive averageValue",
+        ),
+        (
+            metrics(pods(target={"type": "Value", "value": "1"})),
+            REFUSED + "spec.metrics[0].pods.target.type: must be AverageValue for a Pods metric",
+        ),
+        (
+            metrics({"type": "Foo"}),
+            REFUSED + "spec.metrics[0].type: 'Foo' must be one of Object, Pods, Resource, ContainerResource, External",
+        ),
+        (
+            metrics({"type": "External", **pods()}),
+            REFUSED + "spec.metrics[0]: a External metric sets external and no other source (it sets pods)",
+        ),
+        (
+            metrics(pods(name="")),
+            REFUSED + "spec.metrics[0].pods.metric.name: '' is not a metric name (non-empty, no '/' or '%')",
+        ),
+        (
+            metrics(
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 0}},
+                }
+            ),
+            REFUSED
+            + "spec.metrics[0].resource.target.averageUtilization: a Utilization target needs a positive averageUtilization",
+        ),
+        (
+            behavior(policies=[]),
+            REFUSED
+            + "spec.behavior.scaleDown.policies: must list at least one policy (leave the field out for the default)",
+        ),
+        (
+            behavior(stabilizationWindowSeconds=99999),
+            REFUSED + "spec.behavior.scaleDown.stabilizationWindowSeconds: must be between 0 and 3600",
+        ),
+        (
+            behavior(selectPolicy="Bogus"),
+            REFUSED + "spec.behavior.scaleDown.selectPolicy: 'Bogus' must be one of Max, Min, Disabled",
+        ),
+        (
+            behavior(policies=[{"type": "Pods", "value": 0, "periodSeconds": 60}]),
+            REFUSED + "spec.behavior.scaleDown.policies[0].value: must be greater than 0",
+        ),
+        (
+            behavior(policies=[{"type": "Pods", "value": 1, "periodSeconds": 5000}]),
+            REFUSED + "spec.behavior.scaleDown.policies[0].periodSeconds: must be between 1 and 1800",
+        ),
+        (
+            behavior(tolerance="0.05"),
+            REFUSED
+            + "spec.behavior.scaleDown.tolerance: needs the HPAConfigurableTolerance feature gate; leave it out",
+        ),
     ],
 )
 def test_a_bad_autoscaling_spec_fails_in_status_and_keeps_what_runs(hooks, autoscaling: dict, message: str) -> None:
@@ -301,3 +387,76 @@ def test_a_bad_autoscaling_spec_fails_in_status_and_keeps_what_runs(hooks, autos
     assert mc.children == before
     assert mc.parent["status"]["state"] == "failed"
     assert message in mc.parent["status"]["message"]
+
+
+def test_a_failing_spec_or_a_withheld_kind_keeps_the_autoscalers_count(hooks) -> None:
+    """Where the hook keeps what runs as last applied, an autoscaled workload keeps the count its
+    autoscaler set: the recorded one would undo every decision while the spec is being fixed."""
+    mc = converged(hooks, autoscaled(replicas=2))
+    mc.autoscale(*DECODE, 6)
+    mc.converge()
+    mc.edit(
+        lambda spec: spec.update(
+            patches=[
+                {
+                    "target": {"kind": "Deployment", "name": "qwen-pd-nope"},
+                    "patch": [{"op": "add", "path": "/spec/paused", "value": True}],
+                }
+            ]
+        )
+    )
+    mc.sync()
+    assert mc.parent["status"]["state"] == "failed"
+    for count in (3, 8):
+        mc.autoscale(*DECODE, count)
+        assert mc.child_writes(mc.sync()) in ([], [("update", *DECODE)])
+        assert mc.children[DECODE]["spec"]["replicas"] == count
+    # The same while the pool is held back for a kind the controller does not register.
+    mc.edit(lambda spec: spec.pop("patches"))
+    mc.edit(lambda spec: spec["services"]["decode"].update(numberOfNodes=2))
+    mc.sync()
+    assert mc.parent["status"]["state"] == "failed"
+    mc.autoscale(*DECODE, 5)
+    mc.converge()
+    assert mc.children[DECODE]["spec"]["replicas"] == 5
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "field"),
+    [("Deployment", "/spec/replicas", "replicas"), ("HorizontalPodAutoscaler", "/spec/maxReplicas", "maxReplicas")],
+)
+def test_a_patch_on_what_the_autoscaler_owns_is_refused(hooks, kind: str, path: str, field: str) -> None:
+    obj = autoscaled()
+    obj["spec"]["patches"] = [
+        {"target": {"kind": kind, "name": "qwen-pd-decode"}, "patch": [{"op": "replace", "path": path, "value": 3}]}
+    ]
+    status = hooks.sync(obj)["status"]
+    assert status["state"] == "failed"
+    assert status["message"].startswith(
+        f"patches[0] ({kind} qwen-pd-decode): spec.{field} is set by spec.services.decode.autoscaling, not by a patch"
+    )
+
+
+def test_readiness_counts_an_autoscaled_pool_against_its_minimum(hooks) -> None:
+    """A scale-up is minutes of model loading: it must not turn a serving graph pending."""
+    mc = converged(hooks, autoscaled())
+    mc.autoscale(*DECODE, 4)
+    # The Deployment controller sees the new count: one pod ready, three loading their model.
+    mc.mark_ready(lambda kind, name: 1 if name == "qwen-pd-decode" else None)
+    mc.sync()
+    assert mc.parent["status"]["state"] == "ready"
+    assert mc.parent["status"]["services"]["decode"]["replicas"] == 4
+
+
+def test_no_notice_for_an_autoscaler_the_controller_cannot_create(hooks) -> None:
+    composite = controller()
+    composite["spec"]["childResources"] = [
+        c for c in composite["spec"]["childResources"] if c["resource"] != "horizontalpodautoscalers"
+    ]
+    mc = Metacontroller(hooks, parent(PD), composite=composite)
+    mc.converge()
+    mc.edit(lambda spec: spec["services"]["decode"].update(replicas=3, autoscaling=copy.deepcopy(AUTOSCALING)))
+    mc.sync()
+    message = mc.parent["status"]["message"]
+    assert message.startswith("HorizontalPodAutoscaler qwen-pd-decode cannot be created")
+    assert "autoscaling owns" not in message

@@ -5,7 +5,6 @@ While an autoscaler owns a pool's count, the workload renderer emits the live re
 3-way merge would delete the field and the API server would reset the pool to one replica.
 """
 
-import copy
 from typing import Any
 
 from hooks.api import InferaDeployment, ServiceSpec, SpecError
@@ -34,17 +33,27 @@ DEFAULT_BEHAVIOR: dict[str, Any] = {
 TARGET_QUANTITIES = ("value", "averageValue")
 
 
+def _without_nulls(node: Any) -> Any:
+    """A copy without null fields, which the API server drops (and Metacontroller would set
+    again on every sync)."""
+    if isinstance(node, dict):
+        return {key: _without_nulls(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [_without_nulls(item) for item in node]
+    return node
+
+
 def _canonical_metric(metric: dict[str, Any], where: str) -> dict[str, Any]:
-    """The metric as the API server stores it (`averageValue: 1000m` is stored as "1"): anything
-    else would be re-applied on every sync."""
-    metric = copy.deepcopy(metric)
+    """The metric as the API server stores it (`averageValue: 1000m` is stored as "1", 0.5 as
+    "500m", a null field not at all): anything else would be re-applied on every sync."""
+    metric = _without_nulls(metric)
     for source, spec in metric.items():
         target = spec.get("target") if isinstance(spec, dict) else None
         if not isinstance(target, dict):
             continue
         for field in TARGET_QUANTITIES:
             value = target.get(field)
-            if isinstance(value, (int, str)) and not isinstance(value, bool):
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool):
                 try:
                     target[field] = canonical_quantity(str(value))
                 except ValueError as error:
@@ -73,7 +82,7 @@ def horizontal_pod_autoscaler(idep: InferaDeployment, service: str, svc: Service
             "minReplicas": scaling.min_replicas,
             "maxReplicas": scaling.max_replicas,
             "metrics": [_canonical_metric(metric, f"{where}[{index}]") for index, metric in enumerate(scaling.metrics)],
-            "behavior": copy.deepcopy(scaling.behavior if scaling.behavior is not None else DEFAULT_BEHAVIOR),
+            "behavior": _without_nulls(scaling.behavior if scaling.behavior is not None else DEFAULT_BEHAVIOR),
         },
     }
 

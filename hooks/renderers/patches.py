@@ -79,3 +79,11 @@ def apply_patches(patches: list, children: list[dict], sizes: RenderedSize) -> l
             raise SpecError(f"{where}: a patch must not change apiVersion, kind, metadata.name or the identity labels")
         children[position] = patched
     return children
+
+
+def targeting(patches: list, child: dict) -> str:
+    """The patches aimed at `child`, as a spec path: `patches[0], patches[3]`."""
+    key = (child["kind"], child["metadata"]["name"])
+    return ", ".join(
+        f"patches[{index}]" for index, patch in enumerate(patches) if (patch.target.kind, patch.target.name) == key
+    )
