@@ -160,12 +160,19 @@ def _autoscaling_status(idep: InferaDeployment, service: str, by_key: Observed) 
 
 
 def _autoscaler_trouble(idep: InferaDeployment, by_key: Observed) -> list[str]:
-    """What keeps an autoscaler from scaling, as it says in its conditions."""
+    """What keeps an autoscaler from scaling: its absence beside a running pool (the API server
+    refused it, or it is still to be created), or what it says in its conditions."""
     trouble = []
     for service, svc in sorted(idep.spec.services.items()):
         if svc.autoscaling is None:
             continue
-        conditions = field_at(_autoscaler(idep, service, by_key), "status", "conditions")
+        autoscaler = _autoscaler(idep, service, by_key)
+        if not autoscaler and _workload(idep, service, by_key) is not None:
+            trouble.append(
+                f"{service} autoscaler: HorizontalPodAutoscaler {child_name(idep, service)} does not exist yet (if it "
+                "stays missing, the API server refused it: Metacontroller's log says why)"
+            )
+        conditions = field_at(autoscaler, "status", "conditions")
         for condition in conditions if isinstance(conditions, list) else []:
             if not isinstance(condition, dict) or condition.get("status") != "False":
                 continue

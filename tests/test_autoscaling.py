@@ -460,3 +460,14 @@ def test_no_notice_for_an_autoscaler_the_controller_cannot_create(hooks) -> None
     message = mc.parent["status"]["message"]
     assert message.startswith("HorizontalPodAutoscaler qwen-pd-decode cannot be created")
     assert "autoscaling owns" not in message
+
+
+def test_a_missing_autoscaler_beside_a_running_pool_is_said(hooks) -> None:
+    """An autoscaler the API server refused leaves the pool at a fixed count: say it, rather than
+    report a healthy graph with nothing scaling it."""
+    mc = converged(hooks, autoscaled())
+    del mc.children[DECODE_HPA]  # refused, or deleted by hand
+    status = hooks.hook("/sync", mc.body())["status"]
+    assert "decode autoscaler: HorizontalPodAutoscaler qwen-pd-decode does not exist yet" in status["message"]
+    mc.converge()  # created again: the message goes
+    assert "does not exist" not in mc.parent["status"]["message"]
