@@ -4,6 +4,7 @@ Attribute docstrings become the CRD's descriptions (`kubectl explain idep.spec..
 written for users. The CRD generator (hooks.crd) turns these models into a structural schema.
 """
 
+import hashlib
 import re
 from typing import Annotated, Any, Literal
 
@@ -19,7 +20,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from hooks.quantity import QUANTITY_PATTERN, canonical_quantity
+from hooks.quantity import QUANTITY_PATTERN, canonical_quantity, quantity_value
+from hooks.vocabulary import DIGEST_LENGTH, MODELS_SUFFIX
 
 GROUP = "infera.amd.com"
 VERSION = "v1alpha1"
@@ -140,6 +142,17 @@ VLLM_ROLE_RULE = (
     "a vLLM prefill or decode worker takes its role from kv_role in --kv-transfer-config (vLLM has no "
     "--disaggregation-mode): pass --kv-transfer-config in its args or its extraPodSpec command"
 )
+MODEL_SOURCE = re.compile(
+    r"hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9][A-Za-z0-9._/-]*))?"
+)
+MODEL_SOURCE_RULE = "modelCache.source must be hf://<owner>/<repo> or hf://<owner>/<repo>@<revision>"
+MAX_MODEL_CACHE_NAME = MAX_CHILD_NAME - len("-download-") - DIGEST_LENGTH
+MODEL_CACHE_NAME_RULE = (
+    f"metadata.name must be at most {MAX_MODEL_CACHE_NAME} characters while modelCache is set (the download "
+    f"Job <metadata.name>-download-<digest> names its pods' job-name label, at most {MAX_CHILD_NAME})"
+)
+MODELS_NAME_RULE = "service name models is reserved while modelCache is set (the model cache's own children)"
+MOUNT_PATH_RULE = "modelCache.mountPath must be an absolute path other than /, /dev/shm, /boot or below them"
 AUTOSCALING_RANGE_RULE = "autoscaling.maxReplicas must be at least minReplicas"
 MAX_UNAVAILABLE_RULE = (
     "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 no "
@@ -173,6 +186,8 @@ ROOT_VALIDATIONS = [
         NATS_NAME_RULE,
     ),
     cel(f"!({GAIE_ON}) || size(self.metadata.name) + {len('-epp')} <= {MAX_CHILD_NAME}", GAIE_NAME_RULE),
+    cel(f"!has(self.spec.modelCache) || size(self.metadata.name) <= {MAX_MODEL_CACHE_NAME}", MODEL_CACHE_NAME_RULE),
+    cel(f"!has(self.spec.modelCache) || !('{MODELS_SUFFIX}' in self.spec.services)", MODELS_NAME_RULE),
 ]
 
 
@@ -662,6 +677,76 @@ class ServiceSpec(ApiModel):
         return DEFAULT_WORKER_PORT if self.is_worker else DEFAULT_SERVER_PORT
 
 
+class DownloaderSpec(ApiModel):
+    """What downloads the model into the cache."""
+
+    image: ImageReference | None = None
+    """Image of the download Job; defaults to spec.image (the runtime ships huggingface_hub)."""
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    """Command that writes the model to $INFERA_MODEL_DIR (it gets INFERA_MODEL_REPO, INFERA_MODEL_REVISION
+    and HF_TOKEN); default: huggingface_hub's snapshot_download."""
+
+
+class ModelCacheSpec(ApiModel):
+    """Weights downloaded once into a PersistentVolumeClaim that every worker mounts read-only;
+    worker pods are created only once the download is complete."""
+
+    source: Annotated[str, Field(max_length=256, pattern=f"^{MODEL_SOURCE.pattern}$")]
+    """hf://<owner>/<repo>[@<revision>]."""
+    size: Quantity
+    """Storage requested for the claim; a larger value expands it."""
+    storage_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
+    """StorageClass of the claim; the cluster default when unset."""
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] | None = None
+    """Default ReadWriteMany when any worker pool has several replicas or nodes, else ReadWriteOnce."""
+    mount_path: Annotated[str, Field(min_length=2, max_length=256, pattern=r"^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$")] = (
+        "/models"
+    )
+    """Where every worker sees the cache, read-only: the model is at <mountPath>/<repo>."""
+    token_secret_ref: KeySelector | None = None
+    """The Hugging Face token for a gated repository, given to the download as HF_TOKEN."""
+    downloader: DownloaderSpec | None = None
+    """A downloader of your own (image, command)."""
+    retain_storage: bool = False
+    """Keep the claim, and the weights, when the InferaDeployment is deleted."""
+
+    @field_validator("size")
+    @classmethod
+    def _positive(cls, size: str) -> str:
+        if quantity_value(size) <= 0:
+            raise ValueError("modelCache.size must be more than 0")
+        return size
+
+    @field_validator("mount_path")
+    @classmethod
+    def _free_path(cls, path: str) -> str:
+        if path in ("/dev/shm", "/boot") or path.startswith(("/dev/shm/", "/boot/")):
+            raise ValueError(MOUNT_PATH_RULE)
+        return path
+
+    @property
+    def repo(self) -> str:
+        match = MODEL_SOURCE.fullmatch(self.source)
+        assert match is not None
+        return f"{match.group(1)}/{match.group(2)}"
+
+    @property
+    def revision(self) -> str | None:
+        match = MODEL_SOURCE.fullmatch(self.source)
+        assert match is not None
+        return match.group(3)
+
+    @property
+    def model_name(self) -> str:
+        """The directory the model is in, under mountPath: the repository's name."""
+        return self.repo.rsplit("/", 1)[1]
+
+    @property
+    def digest(self) -> str:
+        """Names the download and the directory it writes: a new source or revision, a new one."""
+        return hashlib.sha256(f"{self.repo}@{self.revision or ''}".encode()).hexdigest()[:DIGEST_LENGTH]
+
+
 class InferaDeploymentSpec(ApiModel):
     """The desired inference graph."""
 
@@ -720,6 +805,20 @@ class InferaDeploymentSpec(ApiModel):
     """The graph's components by name; pods and children are named <idep>-<service>."""
     patches: Annotated[list[ChildPatch], Field(max_length=MAX_PATCHES)] | None = None
     """RFC 6902 patches applied to rendered children, for what the API does not model."""
+    model_cache: ModelCacheSpec | None = None
+    """Download the model once into a claim the workers mount; workers wait for it."""
+
+    @property
+    def model_access_mode(self) -> str:
+        """The claim's access mode: several pods, possibly on several nodes, need ReadWriteMany."""
+        assert self.model_cache is not None
+        if self.model_cache.access_mode:
+            return self.model_cache.access_mode
+        shared = any(
+            svc.is_worker and (svc.replicas > 1 or svc.number_of_nodes > 1 or svc.autoscaling is not None)
+            for svc in self.services.values()
+        )
+        return "ReadWriteMany" if shared else "ReadWriteOnce"
 
     @field_validator("services")
     @classmethod
@@ -755,6 +854,8 @@ class InferaDeploymentSpec(ApiModel):
             raise ValueError(f"{RESERVED_NAMES_RULE} (found {', '.join(reserved)})")
         if self.gaie.enabled:
             self._gaie_rules()
+        if self.model_cache is not None and MODELS_SUFFIX in self.services:
+            raise ValueError(MODELS_NAME_RULE)
         for name, service in self.services.items():
             if not (service.image or self.image or service.template_image):
                 raise ValueError(f"{IMAGE_RULE} (services.{name} has none)")
@@ -827,6 +928,20 @@ class GaieStatus(ApiModel):
 
 
 State = Literal["initializing", "pending", "ready", "failed", "terminating"]
+ModelPhase = Literal["Downloading", "Ready", "Failed"]
+
+
+class ModelCacheStatus(ApiModel):
+    """The model cache's download; set only when spec.modelCache is."""
+
+    phase: ModelPhase
+    """Downloading, Ready (the download Job completed) or Failed."""
+    source: str
+    """The source the phase is about."""
+    job: str
+    """The download Job of that source."""
+    message: str
+    """What the download is doing, or why it failed."""
 
 
 class InferaDeploymentStatus(ApiModel):
@@ -846,6 +961,8 @@ class InferaDeploymentStatus(ApiModel):
     """Per-service workload status by service name."""
     gaie: GaieStatus | None = None
     """Inference Gateway status when spec.gaie.enabled."""
+    model_cache: ModelCacheStatus | None = None
+    """The model cache's download when spec.modelCache is set."""
 
 
 class ParentMeta(BaseModel):
@@ -905,6 +1022,8 @@ class InferaDeployment(BaseModel):
             raise ValueError(NATS_NAME_RULE)
         if self.spec.gaie.enabled and len(self.name) + len("-epp") > MAX_CHILD_NAME:
             raise ValueError(GAIE_NAME_RULE)
+        if self.spec.model_cache is not None and len(self.name) > MAX_MODEL_CACHE_NAME:
+            raise ValueError(MODEL_CACHE_NAME_RULE)
         return self
 
     @model_validator(mode="after")

@@ -8,11 +8,20 @@ Metacontroller replaces such lists wholesale, so anything less would be re-appli
 
 from typing import Any
 
-from hooks.contract import child_key
+from hooks.contract import as_last_applied, child_key
+from hooks.quantity import quantity_value
 
 # kind -> (path to the field, the spec field a user would have changed)
 IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
     "StatefulSet": [(("spec", "volumeClaimTemplates"), "nats.storageSize/storageClassName")],
+    "PersistentVolumeClaim": [
+        (("spec", "storageClassName"), "modelCache.storageClassName"),
+        (("spec", "accessModes"), "modelCache.accessMode"),
+    ],
+}
+# Fields that may grow but never shrink (a claim's storage: volume expansion).
+GROW_ONLY: dict[str, list[tuple[tuple[str, ...], str]]] = {
+    "PersistentVolumeClaim": [(("spec", "resources", "requests", "storage"), "modelCache.size")],
 }
 # Fields whose change replaces the child instead: it is left out of one answer (Metacontroller
 # deletes it) and created anew on the next sync. Many LeaderWorkerSet releases refuse to change
@@ -34,6 +43,13 @@ def _get(obj: Any, path: tuple[str, ...]) -> Any:
             return None
         obj = obj.get(key)
     return obj
+
+
+def _smaller(wanted: str, stored: str) -> bool:
+    try:
+        return quantity_value(wanted) < quantity_value(stored)
+    except ValueError:
+        return False
 
 
 def _covers(stored: Any, wanted: Any) -> bool:
@@ -68,15 +84,28 @@ def keep_immutable_fields(
                     f"{_get(child, path)} ({'.'.join(path)} cannot change in place)"
                 )
             continue
+        for path, spec_field in GROW_ONLY.get(child["kind"], []) if current else []:
+            stored, wanted = _get(current, path), _get(child, path)
+            if isinstance(stored, str) and isinstance(wanted, str) and _smaller(wanted, stored):
+                notices.append(
+                    f"{spec_field} not applied to {label}: {wanted} is less than its {stored}, which cannot shrink"
+                )
+                _get(child, path[:-1])[path[-1]] = stored
         for path, spec_field in IMMUTABLE_FIELDS.get(child["kind"], []) if current else []:
             stored = _get(current, path)
-            if stored is None:
+            # Left unset, what the API server filled in (a default storage class) stays: the
+            # 3-way merge keeps a field never applied.
+            if stored is None or _get(child, path) is None:
                 continue
             if not _covers(stored, _get(child, path)):
                 notices.append(
                     f"{spec_field} change not applied to {label}: "
                     f"{'.'.join(path)} is immutable (delete the {child['kind']} to recreate it)"
                 )
-            _get(child, path[:-1])[path[-1]] = stored
+            if current is None or _get(as_last_applied(current), path) is None:
+                # Never applied (the API server filled it in): left out, the merge keeps it.
+                _get(child, path[:-1]).pop(path[-1])
+            else:
+                _get(child, path[:-1])[path[-1]] = stored
         answer.append(child)
     return answer, notices

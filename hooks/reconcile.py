@@ -1,15 +1,15 @@
 """The hooks as pure functions: a parsed Metacontroller request in, the answer out."""
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hooks import admission, preflight, status, vocabulary
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_kept
+from hooks.contract import HookRequest, as_kept, as_last_applied, child_key
 from hooks.immutable import keep_immutable_fields
 from hooks.limits import RenderedSize
-from hooks.renderers import autoscaling, discovery, gaie, nats
+from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats
 from hooks.renderers.patches import apply_patches, targeting
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
@@ -28,12 +28,12 @@ def _where_registered(kind: str) -> str:
 def render_children(
     idep: InferaDeployment,
     allows: Callable[[dict], bool] = lambda child: True,
-    live: Mapping[str, int] | None = None,
+    observed: Sequence[dict] = (),
 ) -> list[dict]:
     """Every desired child, in a stable order: plumbing first, then services by name, with
-    spec.patches applied. `live` holds the replicas an autoscaler set on each autoscaled
-    service's workload (status.live_replicas). Each child is measured as it is made: SpecError
-    once one, or all together, outgrow the size bounds.
+    spec.patches applied. Each child is measured as it is made: SpecError once one, or all
+    together, outgrow the size bounds. From the `observed` children come the replicas an
+    autoscaler set and where the model cache's download is.
 
     GAIE is all or nothing: when `allows` (the kinds the CompositeController registers) refuses
     a gateway object, the graph is rendered as with GAIE off (no sidecars rolled into every GPU
@@ -41,24 +41,34 @@ def render_children(
     withhold_unregistered to name."""
     gateway = gaie.render(idep)
     if not all(allows(child) for child in gateway):
-        return _rendered(gaie.without_gateway(idep, gateway), [], allows, live or {}) + gateway
-    return _rendered(idep, gateway, allows, live or {})
+        return _rendered(gaie.without_gateway(idep, gateway), [], allows, list(observed)) + gateway
+    return _rendered(idep, gateway, allows, list(observed))
 
 
 def _rendered(
-    idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], live: Mapping[str, int]
+    idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], observed: list[dict]
 ) -> list[dict]:
     sizes = RenderedSize()
     children: list[dict] = []
+    live = status.live_replicas(idep, observed)
+    download = status.model_download(idep, observed)
+    cache_children, kept_jobs = _model_cache_children(idep, download, observed)
+    model_dir = _model_dir(idep, download)
+    existing = {child_key(child) for child in observed}
 
     def add(child: dict) -> None:
         sizes.add(child)
         children.append(child)
 
-    for child in discovery.render(idep) + nats.render(idep) + gateway:
+    for child in discovery.render(idep) + nats.render(idep) + cache_children + gateway:
         add(child)
     for service, svc in sorted(idep.spec.services.items()):
-        add(workload(idep, service, svc, live.get(service)))
+        name = vocabulary.child_name(idep, service)
+        # No GPU pod sits idle while the weights move: a new worker pool waits for the download.
+        if download and download.phase != "Ready" and svc.is_worker:
+            if not any((kind, name) in existing for kind in status.WORKLOAD_KINDS):
+                continue
+        add(workload(idep, service, svc, live.get(service), model_dir))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
         for child in autoscaling.render(idep, service, svc):
@@ -69,7 +79,39 @@ def _rendered(
     patched = apply_patches(idep.spec.patches or [], children, sizes)
     _check_autoscaler_owned(idep, children, patched)
     admission.check(idep, children, patched)
-    return patched
+    return patched + kept_jobs
+
+
+def _model_cache_children(
+    idep: InferaDeployment, download: status.Download | None, observed: list[dict]
+) -> tuple[list[dict], list[dict]]:
+    """The claim and, unless it exists, the current source's download Job; and the observed
+    download Jobs to keep as applied (a Job cannot change): the current one, and those of
+    sources running workers still mount. The others are done with and go."""
+    cache = idep.spec.model_cache
+    if cache is None or download is None:
+        return [], []
+    rendered = [model_cache.persistent_volume_claim(idep)]
+    if download.job is None:
+        rendered.append(model_cache.download_job(idep))
+    wanted = {vocabulary.download_job_name(idep, digest) for digest in download.mounted | {cache.digest}}
+    kept = [
+        as_last_applied(child)
+        for child in sorted(observed, key=child_key)
+        if child.get("kind") == "Job" and child["metadata"].get("name") in wanted
+    ]
+    return rendered, kept
+
+
+def _model_dir(idep: InferaDeployment, download: status.Download | None) -> str | None:
+    """The cache directory worker pods mount: the current source's once downloaded; until then
+    the one running workers mount (they keep serving it), or none."""
+    cache = idep.spec.model_cache
+    if cache is None or download is None:
+        return None
+    if download.phase == "Ready" or cache.digest in download.mounted:
+        return cache.digest
+    return min(download.mounted, default=None)
 
 
 # What spec.services.<name>.autoscaling decides, by kind: a patch setting it would fight the autoscaler.
@@ -102,7 +144,7 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
     try:
         idep = InferaDeployment.from_parent(request.parent)
         live = status.live_replicas(idep, request.children)
-        children = render_children(idep, request.allows, live)
+        children = render_children(idep, request.allows, request.children)
         preflight.check_graph(idep, children)
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.children)

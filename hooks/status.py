@@ -6,6 +6,7 @@ changes status; otherwise its lastTransitionTime is carried over from the parent
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,11 +17,21 @@ from hooks.api import (
     GaieStatus,
     InferaDeployment,
     InferaDeploymentStatus,
+    ModelCacheStatus,
+    ModelPhase,
     ServiceStatus,
     State,
 )
 from hooks.contract import child_key, field_at
-from hooks.vocabulary import EPP_SUFFIX, child_name, pool_name, route_name, workload_kind
+from hooks.vocabulary import (
+    EPP_SUFFIX,
+    MODEL_VOLUME,
+    child_name,
+    download_job_name,
+    pool_name,
+    route_name,
+    workload_kind,
+)
 
 # Every hook takes the time from one of these: a test passes its own.
 Clock = Callable[[], datetime]
@@ -79,6 +90,9 @@ def as_wire(status: InferaDeploymentStatus) -> dict[str, Any]:
 
 
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+# What another controller writes in a condition can be long (an autoscaler quotes the metrics
+# API's error): quoted in the message, it is cut to this.
+MAX_QUOTED_MESSAGE = 200
 Observed = dict[tuple[str, str], dict]  # observed children by (kind, name)
 
 
@@ -102,6 +116,69 @@ def _current_ready(workload: dict | None) -> int:
     if _as_int(status.get("observedGeneration")) < _as_int(workload["metadata"].get("generation")):
         return 0
     return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
+
+
+@dataclass(frozen=True)
+class Download:
+    """The model cache as observed: the current source's download Job, and the cache directories
+    (source digests) the observed worker workloads mount."""
+
+    phase: ModelPhase
+    job: dict | None
+    reason: str
+    mounted: frozenset[str]
+
+
+def _pod_templates(workload: dict) -> list[Any]:
+    spec = workload.get("spec") or {}
+    lws = spec.get("leaderWorkerTemplate") or {}
+    return [spec.get("template"), lws.get("leaderTemplate"), lws.get("workerTemplate")]
+
+
+def _mounted_digests(idep: InferaDeployment, observed: list[dict]) -> frozenset[str]:
+    names = {child_name(idep, service) for service, svc in idep.spec.services.items() if svc.is_worker}
+    digests = set()
+    for child in observed:
+        if child.get("kind") not in WORKLOAD_KINDS or child["metadata"].get("name") not in names:
+            continue
+        for template in _pod_templates(child):
+            for container in field_at(template, "spec", "containers") or []:
+                for mount in (container.get("volumeMounts") if isinstance(container, dict) else None) or []:
+                    if (
+                        isinstance(mount, dict)
+                        and mount.get("name") == MODEL_VOLUME
+                        and isinstance(mount.get("subPath"), str)
+                    ):
+                        digests.add(mount["subPath"])
+    return frozenset(digests)
+
+
+def _job_condition(job: dict | None, kind: str) -> dict | None:
+    conditions = field_at(job, "status", "conditions")
+    return (
+        next(
+            (c for c in conditions if isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"),
+            None,
+        )
+        if isinstance(conditions, list)
+        else None
+    )
+
+
+def model_download(idep: InferaDeployment, observed: list[dict]) -> Download | None:
+    """Where the model cache's download is, as its Job reports (None without a model cache)."""
+    cache = idep.spec.model_cache
+    if cache is None:
+        return None
+    job = next((c for c in observed if child_key(c) == ("Job", download_job_name(idep, cache.digest))), None)
+    mounted = _mounted_digests(idep, observed)
+    if _job_condition(job, "Complete"):
+        return Download("Ready", job, "", mounted)
+    failed = _job_condition(job, "Failed")
+    if failed:
+        reason = " ".join(f"{failed.get('reason')}: {failed.get('message')}".split())[:MAX_QUOTED_MESSAGE]
+        return Download("Failed", job, reason, mounted)
+    return Download("Downloading", job, "", mounted)
 
 
 def live_replicas(idep: InferaDeployment, observed: list[dict]) -> dict[str, int]:
@@ -137,8 +214,6 @@ def autoscaler_notices(idep: InferaDeployment, live: dict[str, int], answered: l
     return notices
 
 
-# An autoscaler's condition message can be long (it quotes the metrics API's error).
-MAX_AUTOSCALER_MESSAGE = 200
 AUTOSCALER_CONDITIONS = ("AbleToScale", "ScalingActive")
 
 
@@ -179,7 +254,7 @@ def _autoscaler_trouble(idep: InferaDeployment, by_key: Observed) -> list[str]:
             if condition.get("type") in AUTOSCALER_CONDITIONS:
                 # One line, however the autoscaler wrote it.
                 detail = " ".join(f"{condition.get('reason')}: {condition.get('message')}".split())
-                detail = detail[:MAX_AUTOSCALER_MESSAGE]
+                detail = detail[:MAX_QUOTED_MESSAGE]
                 trouble.append(f"{service} autoscaler: {condition['type']} is False ({detail})")
     return trouble
 
@@ -277,11 +352,15 @@ def roll_up(
     total = len(services)
     gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None
     gateway_waiting = _gaie_waiting(gateway) if gateway else None
+    cache = _model_cache_status(idep, model_download(idep, observed))
+    # While the weights move, the workers that wait for them are why.
+    downloading = [cache.message] if cache and cache.phase == "Downloading" else []
     state: State
     if not observed:
-        state, reason, message = "initializing", "Initializing", f"creating {total} services"
+        state, reason = "initializing", "Initializing"
+        message = "; ".join([*downloading, f"creating {total} services"])
     elif waiting or gateway_waiting:
-        details = [f"{service} {ready}/{wanted[service]} ready" for service, ready in waiting.items()]
+        details = [*downloading, *(f"{service} {ready}/{wanted[service]} ready" for service, ready in waiting.items())]
         if waiting:
             details.append(f"waiting on {len(waiting)} of {total} services")
         if gateway_waiting:
@@ -302,18 +381,45 @@ def roll_up(
         if unregistered
         else ("True", "AllRegistered", "every child kind the spec needs is registered")
     )
+    # A failed download fails the graph (what runs is kept); its message leads.
+    download_failed = [cache.message] if cache and cache.phase == "Failed" else []
+    conditions = [
+        _condition("Ready", *ready_condition, generation, previous, now),
+        _condition("ChildKindsRegistered", *kinds_condition, generation, previous, now),
+        _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
+    ]
+    if cache:
+        model_ready = MODEL_READY[cache.phase]
+        conditions.append(_condition("ModelReady", *model_ready, cache.message, generation, previous, now))
     return InferaDeploymentStatus(
-        state="failed" if unregistered else state,
-        message="; ".join([*unregistered, message, *_autoscaler_trouble(idep, by_key), *notices]),
+        state="failed" if unregistered or download_failed else state,
+        message="; ".join([*unregistered, *download_failed, message, *_autoscaler_trouble(idep, by_key), *notices]),
         ready_services=f"{total - len(waiting)}/{total}",
         services=services,
-        conditions=[
-            _condition("Ready", *ready_condition, generation, previous, now),
-            _condition("ChildKindsRegistered", *kinds_condition, generation, previous, now),
-            _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
-        ],
+        conditions=conditions,
         gaie=gateway,
+        model_cache=cache,
     )
+
+
+MODEL_READY: dict[str, tuple[ConditionStatus, str]] = {
+    "Ready": ("True", "Downloaded"),
+    "Downloading": ("False", "Downloading"),
+    "Failed": ("False", "DownloadFailed"),
+}
+
+
+def _model_cache_status(idep: InferaDeployment, download: Download | None) -> ModelCacheStatus | None:
+    cache = idep.spec.model_cache
+    if cache is None or download is None:
+        return None
+    job = download_job_name(idep, cache.digest)
+    message = {
+        "Ready": f"{cache.source} is in the model cache",
+        "Downloading": f"downloading {cache.source}",
+        "Failed": f"downloading {cache.source} failed ({download.reason}); running workers are kept",
+    }[download.phase]
+    return ModelCacheStatus(phase=download.phase, source=cache.source, job=job, message=message)
 
 
 def terminating(message: str) -> InferaDeploymentStatus:
@@ -335,7 +441,8 @@ def _bounded(message: str) -> str:
 
 def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) -> InferaDeploymentStatus:
     """A spec that cannot be rendered: say what is wrong; readiness is not judged meanwhile, and
-    ChildKindsRegistered stays as last evaluated (so its transition time survives the fix)."""
+    ChildKindsRegistered and ModelReady stay as last evaluated (so their transition times survive
+    the fix)."""
     message = _bounded(message)
     return InferaDeploymentStatus(
         state="failed",
@@ -351,6 +458,7 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
                 now,
             ),
             *_carried_over("ChildKindsRegistered", previous),
+            *_carried_over("ModelReady", previous),
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),
         ],
     )

@@ -11,8 +11,9 @@ gives the same next step, and a child already let go is never handed back.
    the autoscalers and disruption budgets go (no autoscaler scales a draining pool back up);
 2. workers: once no ingress object is left, worker Deployments and LeaderWorkerSets go and
    their pods drain (preStop, then the engine's drain timeout);
-3. plane: NATS and the discovery identity go once no worker pod is left, since a draining
-   worker still publishes KV events and still patches its own Pod. Without the customize hook
+3. plane: NATS, the model cache (its claim let go instead with retainStorage) and the
+   discovery identity go once no worker pod is left, since a draining worker still publishes
+   KV events and still patches its own Pod. Without the customize hook
    (no pods visible), they go once the longest worker grace period since the deletion began
    has passed; a pod long past its own deletion deadline (a lost node) no longer holds them.
 """
@@ -21,10 +22,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_kept, field_at
+from hooks.contract import HookRequest, as_kept, as_last_applied, child_key, field_at
 from hooks.renderers.pods import pod_template as workload_template
 from hooks.status import Clock, as_wire, terminating, utc_now
-from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
+from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, MODELS_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
 
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
 # propagating), even if no watch event arrives.
@@ -128,13 +129,43 @@ def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
     elif pods:
         kept, message = by_stage["plane"], f"waiting for {len(pods)} worker pods to finish draining"
     else:
+        released = _released_claim(request)
         kept, message = [], f"removing the NATS broker and discovery identity ({len(by_stage['plane'])} objects)"
+        if released:
+            message += f"; releasing the model cache's claim {released['metadata']['name']} (retainStorage)"
+        return {
+            "status": as_wire(terminating(message)),
+            "children": [released] if released else [],
+            "finalized": False,
+            "resyncAfterSeconds": RESYNC_SECONDS,
+        }
     return {
         "status": as_wire(terminating(message)),
         "children": as_kept(kept, request.children),
         "finalized": False,
         "resyncAfterSeconds": RESYNC_SECONDS,
     }
+
+
+def _released_claim(request: HookRequest) -> dict[str, Any] | None:
+    """With modelCache.retainStorage, the claim is let go instead of deleted: garbage collection
+    deletes what the InferaDeployment owns once it is gone, so the claim's owner reference is
+    removed, in two answers since Metacontroller's merge removes only what it applied: first it
+    is applied (recorded), then left out. A claim with no owner is not adopted by a parent
+    being deleted, so it is not observed again, and it stays. Read from the raw spec: an invalid
+    spec must not cost the weights."""
+    if field_at(request.parent, "spec", "modelCache", "retainStorage") is not True:
+        return None
+    name = f"{request.parent['metadata']['name']}-{MODELS_SUFFIX}"
+    claim = next((c for c in request.children if child_key(c) == ("PersistentVolumeClaim", name)), None)
+    if claim is None:
+        return None
+    applied = as_last_applied(claim)
+    metadata = applied.setdefault("metadata", {})
+    metadata["ownerReferences"] = (
+        [] if metadata.get("ownerReferences") else claim["metadata"].get("ownerReferences") or []
+    )
+    return applied
 
 
 def _blind_drain_pending(request: HookRequest, now: datetime) -> bool:

@@ -21,6 +21,12 @@ GAIE_FRONTEND_LABEL = "infera.amd.com/gaie-frontend"
 NATS_SUFFIX = "nats"
 DISCOVERY_SUFFIX = "disc"
 EPP_SUFFIX = "epp"
+# The model cache's claim, and the service label of its claim and download Jobs.
+MODELS_SUFFIX = "models"
+# Characters of the download Job's name taken by the source's digest.
+DIGEST_LENGTH = 8
+# The volume of the model cache's claim, in the download Job and in every worker pod.
+MODEL_VOLUME = "model-cache"
 
 
 def child_name(idep: "InferaDeployment", suffix: str) -> str:
@@ -38,6 +44,11 @@ def identity_labels(idep: "InferaDeployment", service: str) -> dict[str, str]:
 
 def object_metadata(idep: "InferaDeployment", service: str, name: str | None = None) -> dict:
     return {"name": name or child_name(idep, service), "labels": identity_labels(idep, service)}
+
+
+def download_job_name(idep: "InferaDeployment", digest: str) -> str:
+    """The Job that downloads the source with this digest into the model cache."""
+    return child_name(idep, f"download-{digest}")
 
 
 def pool_name(idep: "InferaDeployment") -> str:
@@ -70,6 +81,8 @@ CHILD_KINDS = (
     ChildKind("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings", None),
     ChildKind("HorizontalPodAutoscaler", "autoscaling/v2", "horizontalpodautoscalers", None),
     ChildKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets", None),
+    ChildKind("PersistentVolumeClaim", "v1", "persistentvolumeclaims", None),
+    ChildKind("Job", "batch/v1", "jobs", None),
     ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws"),
     ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie"),
     ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie"),

@@ -22,6 +22,8 @@ CORE = [
     ("rbac.authorization.k8s.io/v1", "rolebindings"),
     ("autoscaling/v2", "horizontalpodautoscalers"),
     ("policy/v1", "poddisruptionbudgets"),
+    ("v1", "persistentvolumeclaims"),
+    ("batch/v1", "jobs"),
 ]
 LWS = [("leaderworkerset.x-k8s.io/v1", "leaderworkersets")]
 GAIE = [("inference.networking.k8s.io/v1", "inferencepools"), ("gateway.networking.k8s.io/v1", "httproutes")]

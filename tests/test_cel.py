@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 21
+    assert len(rules) == 23
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -83,6 +83,7 @@ def only_servers(obj: dict) -> None:
     obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"]}
 
 
+CACHE = {"source": "hf://Qwen/Qwen3-0.6B", "size": "20Gi"}
 GAIE_ON = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
 
 
@@ -151,6 +152,16 @@ CASES = [
         "autoscaling minimum over maximum",
         service_change("decode", autoscaling={"minReplicas": 3, "maxReplicas": 2, "metrics": [{"type": "Pods"}]}),
         api.AUTOSCALING_RANGE_RULE,
+    ),
+    (
+        "model cache with a long name",
+        lambda obj: (rename("m" * 46)(obj), obj["spec"].update(nats={"deploy": False}, modelCache=CACHE)),
+        api.MODEL_CACHE_NAME_RULE,
+    ),
+    (
+        "model cache beside a service named models",
+        lambda obj: (obj["spec"].update(modelCache=CACHE), add_service("models")(obj)),
+        api.MODELS_NAME_RULE,
     ),
     (
         "disruption budget of 0",

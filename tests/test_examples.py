@@ -20,6 +20,8 @@ def test_the_documented_examples_exist() -> None:
         "pd-1p1d-mooncake.yaml",
         "pd-vllm-moriio.yaml",
         "pd-autoscaling.yaml",
+        "pd-model-cache.yaml",
+        "gated-model-cache.yaml",
     }
 
 
@@ -50,6 +52,23 @@ EXPECTED = {
         | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")}
         | {("HorizontalPodAutoscaler", "decode")}
         | budgets("prefill", "decode"),
+    ),
+    # Before the download completes, workers wait: only the router, the claim and the Job.
+    "pd-model-cache.yaml": (
+        "qwen-cache",
+        PLUMBING
+        | {("Deployment", "server"), ("Service", "server"), ("PersistentVolumeClaim", "models")}
+        | {("Job", "download-322e2c4c")},
+    ),
+    "gated-model-cache.yaml": (
+        "llama-gated",
+        PLUMBING
+        | {
+            ("Deployment", "server"),
+            ("Service", "server"),
+            ("PersistentVolumeClaim", "models"),
+            ("Job", "download-68cd046b"),
+        },
     ),
     "single-node-mixed.yaml": (
         "qwen-mixed",

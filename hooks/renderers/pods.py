@@ -4,7 +4,7 @@ rollout defaults the template leaves unset. What the processes are told is hooks
 from hooks import preflight, runtime
 from hooks.api import InferaDeployment, ServiceSpec, primary_index
 from hooks.quantity import canonical_quantity
-from hooks.renderers import discovery, overlay, probes
+from hooks.renderers import discovery, model_cache, overlay, probes
 from hooks.renderers.env import service_env
 from hooks.renderers.gaie import frontend_sidecar
 from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
@@ -53,9 +53,14 @@ def pod_metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict
     return metadata
 
 
-def _mounts_and_volumes(svc: ServiceSpec) -> tuple[list[dict], list[dict]]:
+def _mounts_and_volumes(
+    idep: InferaDeployment, svc: ServiceSpec, model_dir: str | None
+) -> tuple[list[dict], list[dict]]:
     mounts: list[dict] = []
     volumes: list[dict] = []
+    if svc.is_worker and idep.spec.model_cache is not None and model_dir is not None:
+        mounts.append(model_cache.worker_mount(idep.spec.model_cache, model_dir))
+        volumes.append(model_cache.worker_volume(idep))
     if svc.resources.shared_memory:
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": svc.resources.shared_memory}})
@@ -110,10 +115,13 @@ def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
     )
 
 
-def pod_template(idep: InferaDeployment, service: str, svc: ServiceSpec, leader: bool = True) -> dict:
+def pod_template(
+    idep: InferaDeployment, service: str, svc: ServiceSpec, leader: bool = True, model_dir: str | None = None
+) -> dict:
     """The pod of a single-node service, or of one rank of a multi-node group (`leader`: rank 0),
-    with the service's extraPodSpec laid over it."""
-    mounts, volumes = _mounts_and_volumes(svc)
+    with the service's extraPodSpec laid over it. A worker mounts the model cache's directory
+    `model_dir` (a source's digest) when given."""
+    mounts, volumes = _mounts_and_volumes(idep, svc, model_dir)
     spec: dict = {
         "containers": [primary_container(idep, svc, mounts)],
         # Always set: were it dropped (etcd discovery), the API server's deprecated

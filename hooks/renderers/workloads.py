@@ -5,11 +5,11 @@ from hooks.renderers.pods import pod_template
 from hooks.vocabulary import BY_KIND, object_metadata, selector_labels
 
 
-def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int) -> dict:
+def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int, model_dir: str | None) -> dict:
     spec: dict = {
         "replicas": replicas,
         "selector": {"matchLabels": selector_labels(idep, service)},
-        "template": pod_template(idep, service, svc),
+        "template": pod_template(idep, service, svc, model_dir=model_dir),
     }
     if svc.is_worker:
         # A GPU node is usually full: a surge pod would wait forever for the GPU its predecessor
@@ -23,7 +23,9 @@ def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas:
     }
 
 
-def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int) -> dict:
+def leader_worker_set(
+    idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int, model_dir: str | None
+) -> dict:
     """One model instance spanning `numberOfNodes` pods; `replicas` counts such groups."""
     return {
         "apiVersion": BY_KIND["LeaderWorkerSet"].api_version,
@@ -43,14 +45,17 @@ def leader_worker_set(idep: InferaDeployment, service: str, svc: ServiceSpec, re
                 "size": svc.number_of_nodes,
                 # A rank that dies breaks the collective for the whole group: restart it as a unit.
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": pod_template(idep, service, svc, leader=True),
-                "workerTemplate": pod_template(idep, service, svc, leader=False),
+                "leaderTemplate": pod_template(idep, service, svc, leader=True, model_dir=model_dir),
+                "workerTemplate": pod_template(idep, service, svc, leader=False, model_dir=model_dir),
             },
         },
     }
 
 
-def workload(idep: InferaDeployment, service: str, svc: ServiceSpec, live: int | None = None) -> dict:
-    """`live`: the replicas the service's workload has now, which an autoscaler may have set."""
+def workload(
+    idep: InferaDeployment, service: str, svc: ServiceSpec, live: int | None = None, model_dir: str | None = None
+) -> dict:
+    """`live`: the replicas the service's workload has now, which an autoscaler may have set;
+    `model_dir`: the model cache directory its workers mount."""
     build = leader_worker_set if svc.number_of_nodes > 1 else deployment
-    return build(idep, service, svc, svc.desired_replicas(live))
+    return build(idep, service, svc, svc.desired_replicas(live), model_dir)

@@ -109,6 +109,8 @@ IMMUTABLE = {
     "StatefulSet": [("spec", "selector"), ("spec", "serviceName"), ("spec", "volumeClaimTemplates")],
     "RoleBinding": [("roleRef",)],
     "LeaderWorkerSet": [("spec", "leaderWorkerTemplate", "size")],
+    "Job": [("spec", "template"), ("spec", "selector")],
+    "PersistentVolumeClaim": [("spec", "storageClassName"), ("spec", "accessModes")],
 }
 
 
@@ -169,6 +171,26 @@ def store(obj: dict[str, Any]) -> dict[str, Any]:
             claim["spec"].setdefault("volumeMode", "Filesystem")
             _quantities(claim["spec"].get("resources", {}).get("requests"))
             claim.setdefault("status", {"phase": "Pending"})
+    elif kind == "PersistentVolumeClaim":
+        spec.setdefault("volumeMode", "Filesystem")
+        spec.setdefault("storageClassName", "standard")  # the DefaultStorageClass admission plugin
+        _quantities(spec["resources"]["requests"])
+        obj.setdefault("status", {"phase": "Bound"})
+    elif kind == "Job":
+        # The Job controller's own selector and labels, and the batch defaults.
+        uid_label = {"batch.kubernetes.io/controller-uid": "job-uid"}
+        spec.setdefault("selector", {"matchLabels": dict(uid_label)})
+        spec["template"].setdefault("metadata", {}).setdefault("labels", {}).update(
+            {**uid_label, "batch.kubernetes.io/job-name": obj["metadata"]["name"]}
+        )
+        for key, value in (
+            ("completions", 1),
+            ("parallelism", 1),
+            ("completionMode", "NonIndexed"),
+            ("suspend", False),
+        ):
+            spec.setdefault(key, value)
+        _pod_spec(spec["template"]["spec"])
     elif kind == "HorizontalPodAutoscaler":
         spec.setdefault("minReplicas", 1)
         # A behavior given in part is completed, rule by rule (autoscaling/v2 defaults.go).

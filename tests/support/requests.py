@@ -25,6 +25,8 @@ RESOURCE_KINDS = {
     "rolebindings": "RoleBinding",
     "horizontalpodautoscalers": "HorizontalPodAutoscaler",
     "poddisruptionbudgets": "PodDisruptionBudget",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+    "jobs": "Job",
     "leaderworkersets": "LeaderWorkerSet",
     "inferencepools": "InferencePool",
     "httproutes": "HTTPRoute",

@@ -135,6 +135,8 @@ HOOK_SCHEMA_ROOTS = {
     "RoleBinding": "io.k8s.api.rbac.v1.RoleBinding",
     "HorizontalPodAutoscaler": "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler",
     "PodDisruptionBudget": "io.k8s.api.policy.v1.PodDisruptionBudget",
+    "PersistentVolumeClaim": "io.k8s.api.core.v1.PersistentVolumeClaim",
+    "Job": "io.k8s.api.batch.v1.Job",
     "PodTemplateSpec": "io.k8s.api.core.v1.PodTemplateSpec",
 }
 INTEGER_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}

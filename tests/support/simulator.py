@@ -82,14 +82,18 @@ class Metacontroller:
     def namespace(self) -> str:
         return self.parent["metadata"]["namespace"]
 
+    @property
+    def deleting(self) -> bool:
+        return "deletionTimestamp" in self.parent["metadata"]
+
     def claimed(self, child: dict[str, Any]) -> bool:
         """With a generated selector, Metacontroller claims only children labelled with the
-        parent's uid (and owned by it, or by nobody); it never shows the others to the hook."""
-        return (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid and all(
-            ref.get("uid") == self.uid
-            for ref in child["metadata"].get("ownerReferences") or []
-            if ref.get("controller")
-        )
+        parent's uid and owned by it, or by nobody while the parent is not being deleted (an
+        orphan is adopted then, and ignored during deletion); it never shows the others to
+        the hook."""
+        owner = next((ref for ref in child["metadata"].get("ownerReferences") or [] if ref.get("controller")), None)
+        matches = (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid
+        return matches and (owner.get("uid") == self.uid if owner else not self.deleting)
 
     def _claim(self) -> None:
         """Metacontroller's ClaimChildren before each call: a child it owns whose labels do not
@@ -101,7 +105,7 @@ class Metacontroller:
             if owner and owner.get("uid") == self.uid and not matches:
                 metadata["ownerReferences"] = [ref for ref in metadata["ownerReferences"] if ref is not owner]
                 self.writes.append(("release", *key))
-            elif owner is None and matches:
+            elif owner is None and matches and not self.deleting:
                 metadata["ownerReferences"] = [*(metadata.get("ownerReferences") or []), self._owner_reference()]
                 self.writes.append(("adopt", *key))
 
@@ -205,8 +209,11 @@ class Metacontroller:
         self.parent["metadata"]["generation"] += 1
 
     def mark_ready(self, ready: Callable[[str, str], int | None] = lambda kind, name: None) -> None:
-        """Workloads report every desired replica ready (or `ready(kind, name)` of them)."""
+        """Workloads report every desired replica ready (or `ready(kind, name)` of them), and
+        Jobs complete."""
         for (kind, name), child in self.children.items():
+            if kind == "Job":
+                child["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
             if kind in ("Deployment", "StatefulSet", "LeaderWorkerSet"):
                 desired = child["spec"].get("replicas", 1)
                 count = ready(kind, name)

@@ -1,0 +1,141 @@
+"""The model cache: a PersistentVolumeClaim `<idep>-models`, a download Job per source, and the
+read-only mount every worker pod gets once a download is complete.
+
+Each source (repository and revision) downloads into its own directory of the claim, named by
+its digest, and a marker is written there last: a download cut short is resumed, never used.
+A Job's pod template cannot change, so a Job is only ever created: an observed one is answered
+as last applied.
+"""
+
+from typing import Any
+
+from hooks.api import InferaDeployment, ModelCacheSpec
+from hooks.vocabulary import (
+    BY_KIND,
+    MODEL_VOLUME,
+    MODELS_SUFFIX,
+    child_name,
+    download_job_name,
+    identity_labels,
+    object_metadata,
+)
+
+CACHE_PATH = "/cache"  # where the download Job mounts the whole claim
+MARKER = ".complete"
+# Runs the download unless its directory holds the marker, then writes the marker: last, and
+# only if the download succeeded. `$@` is the downloader's command.
+DOWNLOAD_WRAPPER = (
+    'set -eu; [ -e "$INFERA_MODEL_DIR/../' + MARKER + '" ] && exit 0; mkdir -p "$INFERA_MODEL_DIR"; '
+    '"$@"; touch "$INFERA_MODEL_DIR/../' + MARKER + '"'
+)
+# huggingface_hub comes with the runtime (a dependency of transformers): resumes a partial download.
+SNAPSHOT_DOWNLOAD = (
+    "import os; from huggingface_hub import snapshot_download; "
+    'snapshot_download(os.environ["INFERA_MODEL_REPO"], revision=os.environ.get("INFERA_MODEL_REVISION") or None, '
+    'local_dir=os.environ["INFERA_MODEL_DIR"])'
+)
+# A retry after a network error resumes where it stopped; a bad token or repository fails them all.
+BACKOFF_LIMIT = 4
+# A user the image need not know: the claim is made writable for its group (fsGroup).
+DOWNLOAD_UID = 1000
+
+
+def claim_name(idep: InferaDeployment) -> str:
+    return child_name(idep, MODELS_SUFFIX)
+
+
+def persistent_volume_claim(idep: InferaDeployment) -> dict[str, Any]:
+    cache = _cache(idep)
+    spec: dict[str, Any] = {
+        "accessModes": [idep.spec.model_access_mode],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": object_metadata(idep, MODELS_SUFFIX, claim_name(idep)),
+        "spec": spec,
+    }
+
+
+def download_job(idep: InferaDeployment) -> dict[str, Any]:
+    """The current source's download, hardened: any user id, no privilege, no capabilities, a
+    read-only root filesystem with a scratch /tmp (HF_HOME)."""
+    cache = _cache(idep)
+    env: list[dict[str, Any]] = [
+        {"name": "INFERA_MODEL_REPO", "value": cache.repo},
+        {"name": "INFERA_MODEL_DIR", "value": f"{CACHE_PATH}/{cache.digest}/{cache.model_name}"},
+        {"name": "HF_HOME", "value": "/tmp/hf"},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+    ]
+    if cache.revision:
+        env.insert(1, {"name": "INFERA_MODEL_REVISION", "value": cache.revision})
+    if cache.token_secret_ref:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": cache.token_secret_ref.model_dump(by_alias=True, exclude_none=True)},
+            }
+        )
+    downloader = cache.downloader
+    command = (downloader.command if downloader and downloader.command else None) or [
+        "python3",
+        "-c",
+        SNAPSHOT_DOWNLOAD,
+    ]
+    container = {
+        "name": "download",
+        "image": (downloader.image if downloader else None) or idep.spec.image,
+        "command": ["sh", "-c", DOWNLOAD_WRAPPER, "download", *command],
+        "env": env,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        },
+        "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": CACHE_PATH}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": BY_KIND["Job"].api_version,
+        "kind": "Job",
+        "metadata": object_metadata(idep, MODELS_SUFFIX, download_job_name(idep, cache.digest)),
+        # No ttlSecondsAfterFinished: a finished Job the hook still answers would be deleted and
+        # created again, downloading again, in a loop.
+        "spec": {
+            "backoffLimit": BACKOFF_LIMIT,
+            "template": {
+                "metadata": {"labels": identity_labels(idep, MODELS_SUFFIX)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": DOWNLOAD_UID,
+                        "runAsGroup": DOWNLOAD_UID,
+                        "fsGroup": DOWNLOAD_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [
+                        {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim_name(idep)}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def worker_volume(idep: InferaDeployment) -> dict[str, Any]:
+    return {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim_name(idep), "readOnly": True}}
+
+
+def worker_mount(cache: ModelCacheSpec, digest: str) -> dict[str, Any]:
+    """The source's directory (`digest`) at mountPath: the model is at <mountPath>/<repo name>."""
+    return {"name": MODEL_VOLUME, "mountPath": cache.mount_path, "subPath": digest, "readOnly": True}
+
+
+def _cache(idep: InferaDeployment) -> ModelCacheSpec:
+    assert idep.spec.model_cache is not None
+    return idep.spec.model_cache
