@@ -152,7 +152,12 @@ MODEL_CACHE_NAME_RULE = (
     f"Job <metadata.name>-download-<digest> names its pods' job-name label, at most {MAX_CHILD_NAME})"
 )
 MODELS_NAME_RULE = "service name models is reserved while modelCache is set (the model cache's own children)"
-MOUNT_PATH_RULE = "modelCache.mountPath must be an absolute path other than /, /dev/shm, /boot or below them"
+# Where the cache would hide what the engine needs (GPU devices, the kernel's files, the image).
+SYSTEM_PATHS = ("/dev", "/proc", "/sys", "/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run")
+MOUNT_PATH_RULE = (
+    f"modelCache.mountPath must be an absolute path without . or .. segments, outside {', '.join(SYSTEM_PATHS)}"
+)
+MODEL_CACHE_IMAGE_RULE = "modelCache needs an image for its download Job: set modelCache.downloader.image or spec.image"
 AUTOSCALING_RANGE_RULE = "autoscaling.maxReplicas must be at least minReplicas"
 MAX_UNAVAILABLE_RULE = (
     "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 no "
@@ -698,7 +703,7 @@ class ModelCacheSpec(ApiModel):
     storage_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
     """StorageClass of the claim; the cluster default when unset."""
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] | None = None
-    """Default ReadWriteMany when any worker pool has several replicas or nodes, else ReadWriteOnce."""
+    """Default ReadWriteMany when the worker pods together may be more than one, else ReadWriteOnce."""
     mount_path: Annotated[str, Field(min_length=2, max_length=256, pattern=r"^/[A-Za-z0-9._/-]*[A-Za-z0-9._-]$")] = (
         "/models"
     )
@@ -720,7 +725,10 @@ class ModelCacheSpec(ApiModel):
     @field_validator("mount_path")
     @classmethod
     def _free_path(cls, path: str) -> str:
-        if path in ("/dev/shm", "/boot") or path.startswith(("/dev/shm/", "/boot/")):
+        segments = path.split("/")[1:]
+        if any(s in (".", "..", "") for s in segments) or any(
+            path == system or path.startswith(system + "/") for system in SYSTEM_PATHS
+        ):
             raise ValueError(MOUNT_PATH_RULE)
         return path
 
@@ -758,6 +766,11 @@ class InferaDeploymentSpec(ApiModel):
         cel(
             "!has(self.gaie) || !has(self.gaie.enabled) || !self.gaie.enabled || has(self.gaie.eppImage) || has(self.image)",
             GAIE_IMAGE_RULE,
+        ),
+        cel(
+            "!has(self.modelCache) || has(self.image) || "
+            "(has(self.modelCache.downloader) && has(self.modelCache.downloader.image))",
+            MODEL_CACHE_IMAGE_RULE,
         ),
         cel(
             "has(self.image) || self.services.all(s, has(self.services[s].image) || has(self.services[s].extraPodSpec))",
@@ -814,11 +827,12 @@ class InferaDeploymentSpec(ApiModel):
         assert self.model_cache is not None
         if self.model_cache.access_mode:
             return self.model_cache.access_mode
-        shared = any(
-            svc.is_worker and (svc.replicas > 1 or svc.number_of_nodes > 1 or svc.autoscaling is not None)
+        pods = sum(
+            (svc.autoscaling.max_replicas if svc.autoscaling else svc.replicas) * svc.number_of_nodes
             for svc in self.services.values()
+            if svc.is_worker
         )
-        return "ReadWriteMany" if shared else "ReadWriteOnce"
+        return "ReadWriteMany" if pods > 1 else "ReadWriteOnce"
 
     @field_validator("services")
     @classmethod
@@ -856,6 +870,8 @@ class InferaDeploymentSpec(ApiModel):
             self._gaie_rules()
         if self.model_cache is not None and MODELS_SUFFIX in self.services:
             raise ValueError(MODELS_NAME_RULE)
+        if self.model_cache is not None and not (self.image or (self.model_cache.downloader or DownloaderSpec()).image):
+            raise ValueError(MODEL_CACHE_IMAGE_RULE)
         for name, service in self.services.items():
             if not (service.image or self.image or service.template_image):
                 raise ValueError(f"{IMAGE_RULE} (services.{name} has none)")

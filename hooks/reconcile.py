@@ -53,7 +53,6 @@ def _rendered(
     live = status.live_replicas(idep, observed)
     download = status.model_download(idep, observed)
     cache_children, kept_jobs = _model_cache_children(idep, download, observed)
-    model_dir = _model_dir(idep, download)
     existing = {child_key(child) for child in observed}
 
     def add(child: dict) -> None:
@@ -68,7 +67,7 @@ def _rendered(
         if download and download.phase != "Ready" and svc.is_worker:
             if not any((kind, name) in existing for kind in status.WORKLOAD_KINDS):
                 continue
-        add(workload(idep, service, svc, live.get(service), model_dir))
+        add(workload(idep, service, svc, live.get(service), _model_dir(idep, download, service)))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
         for child in autoscaling.render(idep, service, svc):
@@ -92,9 +91,20 @@ def _model_cache_children(
     if cache is None or download is None:
         return [], []
     rendered = [model_cache.persistent_volume_claim(idep)]
+    job = model_cache.download_job(idep)
     if download.job is None:
-        rendered.append(model_cache.download_job(idep))
-    wanted = {vocabulary.download_job_name(idep, digest) for digest in download.mounted | {cache.digest}}
+        rendered.append(job)
+    # A failed download whose Job the spec now renders differently (a token added, another
+    # downloader) is deleted, and created anew on the next sync: that is the retry.
+    # (Its spec: Metacontroller records the metadata with its own label and the namespace added.)
+    retried = (
+        download.phase == "Failed"
+        and download.job is not None
+        and as_last_applied(download.job).get("spec") != job["spec"]
+    )
+    wanted = {vocabulary.download_job_name(idep, digest) for digest in download.mounted.values()}
+    if not retried:
+        wanted.add(job["metadata"]["name"])
     kept = [
         as_last_applied(child)
         for child in sorted(observed, key=child_key)
@@ -103,15 +113,13 @@ def _model_cache_children(
     return rendered, kept
 
 
-def _model_dir(idep: InferaDeployment, download: status.Download | None) -> str | None:
-    """The cache directory worker pods mount: the current source's once downloaded; until then
-    the one running workers mount (they keep serving it), or none."""
+def _model_dir(idep: InferaDeployment, download: status.Download | None, service: str) -> str | None:
+    """The cache directory a service's pods mount: the current source's once downloaded; until
+    then the one its running workers mount (they keep serving it), or none."""
     cache = idep.spec.model_cache
     if cache is None or download is None:
         return None
-    if download.phase == "Ready" or cache.digest in download.mounted:
-        return cache.digest
-    return min(download.mounted, default=None)
+    return cache.digest if download.phase == "Ready" else download.mounted.get(service)
 
 
 # What spec.services.<name>.autoscaling decides, by kind: a patch setting it would fight the autoscaler.

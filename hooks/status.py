@@ -126,7 +126,7 @@ class Download:
     phase: ModelPhase
     job: dict | None
     reason: str
-    mounted: frozenset[str]
+    mounted: dict[str, str]  # service -> the digest its observed workload mounts
 
 
 def _pod_templates(workload: dict) -> list[Any]:
@@ -135,11 +135,11 @@ def _pod_templates(workload: dict) -> list[Any]:
     return [spec.get("template"), lws.get("leaderTemplate"), lws.get("workerTemplate")]
 
 
-def _mounted_digests(idep: InferaDeployment, observed: list[dict]) -> frozenset[str]:
-    names = {child_name(idep, service) for service, svc in idep.spec.services.items() if svc.is_worker}
-    digests = set()
+def _mounted_digests(idep: InferaDeployment, observed: list[dict]) -> dict[str, str]:
+    services = {child_name(idep, service): service for service, svc in idep.spec.services.items() if svc.is_worker}
+    digests = {}
     for child in observed:
-        if child.get("kind") not in WORKLOAD_KINDS or child["metadata"].get("name") not in names:
+        if child.get("kind") not in WORKLOAD_KINDS or child["metadata"].get("name") not in services:
             continue
         for template in _pod_templates(child):
             for container in field_at(template, "spec", "containers") or []:
@@ -149,8 +149,8 @@ def _mounted_digests(idep: InferaDeployment, observed: list[dict]) -> frozenset[
                         and mount.get("name") == MODEL_VOLUME
                         and isinstance(mount.get("subPath"), str)
                     ):
-                        digests.add(mount["subPath"])
-    return frozenset(digests)
+                        digests[services[child["metadata"]["name"]]] = mount["subPath"]
+    return digests
 
 
 def _job_condition(job: dict | None, kind: str) -> dict | None:
@@ -417,7 +417,10 @@ def _model_cache_status(idep: InferaDeployment, download: Download | None) -> Mo
     message = {
         "Ready": f"{cache.source} is in the model cache",
         "Downloading": f"downloading {cache.source}",
-        "Failed": f"downloading {cache.source} failed ({download.reason}); running workers are kept",
+        "Failed": (
+            f"downloading {cache.source} failed ({download.reason}); running workers are kept; fix the spec, "
+            f"or delete Job {job} to try again"
+        ),
     }[download.phase]
     return ModelCacheStatus(phase=download.phase, source=cache.source, job=job, message=message)
 

@@ -162,9 +162,10 @@ def _released_claim(request: HookRequest) -> dict[str, Any] | None:
         return None
     applied = as_last_applied(claim)
     metadata = applied.setdefault("metadata", {})
-    metadata["ownerReferences"] = (
-        [] if metadata.get("ownerReferences") else claim["metadata"].get("ownerReferences") or []
-    )
+    # Only this InferaDeployment's reference: the merge then removes that one and no other.
+    uid = request.parent["metadata"].get("uid")
+    ours = [ref for ref in claim["metadata"].get("ownerReferences") or [] if ref.get("uid") == uid]
+    metadata["ownerReferences"] = [] if metadata.get("ownerReferences") else ours
     return applied
 
 

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 23
+    assert len(rules) == 24
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -157,6 +157,11 @@ CASES = [
         "model cache with a long name",
         lambda obj: (rename("m" * 46)(obj), obj["spec"].update(nats={"deploy": False}, modelCache=CACHE)),
         api.MODEL_CACHE_NAME_RULE,
+    ),
+    (
+        "model cache without an image for its download",
+        lambda obj: (gaie_without_image(obj), obj["spec"].update(gaie={}, modelCache=CACHE)),
+        api.MODEL_CACHE_IMAGE_RULE,
     ),
     (
         "model cache beside a service named models",

@@ -263,8 +263,11 @@ def test_the_default_downloader_calls_snapshot_download_as_huggingface_hub_defin
     ("change", "message"),
     [
         (lambda spec: spec["modelCache"].update(source="s3://bucket/model"), "modelCache.source"),
-        (lambda spec: spec["modelCache"].update(mountPath="/dev/shm"), "mountPath must be an absolute path other than"),
+        (lambda spec: spec["modelCache"].update(mountPath="/dev/shm"), "mountPath must be an absolute path without"),
         (lambda spec: spec["modelCache"].update(size="0"), "modelCache.size must be more than 0"),
+        (lambda spec: spec["modelCache"].update(mountPath="/dev"), "mountPath must be an absolute path without"),
+        (lambda spec: spec["modelCache"].update(mountPath="/models/.."), "mountPath must be an absolute path without"),
+        (lambda spec: spec.pop("image"), "modelCache needs an image for its download Job"),
         (lambda spec: spec["services"].update(models={"componentType": "worker"}), "service name models is reserved"),
     ],
 )
@@ -273,3 +276,42 @@ def test_a_bad_model_cache_fails_in_status(hooks, change, message: str) -> None:
     change(obj["spec"])
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed" and message in status["message"]
+
+
+def test_a_failed_download_is_retried_when_the_spec_renders_its_job_anew(hooks) -> None:
+    """A gated repository without its token fails; adding the token replaces the failed Job."""
+    mc = Metacontroller(hooks, cached(source="hf://meta-llama/Llama-3.1-8B"))
+    mc.converge()
+    (job,) = jobs(mc)
+    finish(mc, job, complete=False)
+    mc.sync()
+    assert mc.parent["status"]["message"].startswith("downloading hf://meta-llama/Llama-3.1-8B failed")
+    assert f"fix the spec, or delete Job {job} to try again" in mc.parent["status"]["message"]
+    assert mc.sync() == []  # the same spec: the failed Job stays, for its logs
+    mc.edit(lambda spec: spec["modelCache"].update(tokenSecretRef={"name": "hf-token", "key": "HF_TOKEN"}))
+    assert mc.child_writes(mc.sync()) == [("delete", "Job", job)]
+    assert mc.child_writes(mc.sync()) == [("create", "Job", job)]
+    (container,) = mc.children[("Job", job)]["spec"]["template"]["spec"]["containers"]
+    assert "HF_TOKEN" in [var["name"] for var in container["env"]]
+    assert mc.parent["status"]["modelCache"]["phase"] == "Downloading"
+
+
+def test_the_default_access_mode_counts_every_worker_pod(hooks) -> None:
+    """Two pools of one pod each may sit on two nodes: a single-node claim would not attach."""
+    claim = children_by_key(hooks.sync(cached()))[CLAIM]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    single = cached()
+    single["spec"]["services"].pop("prefill")
+    single["spec"]["services"]["decode"]["role"] = "mixed"
+    children = children_by_key(hooks.sync(single))
+    assert children[CLAIM]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # Then a new source's download prefers the node the worker (and the claim) is on.
+    (job,) = [child for (kind, _), child in children.items() if kind == "Job"]
+    affinity = job["spec"]["template"]["spec"]["affinity"]["podAffinity"]
+    (term,) = affinity["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {
+        "labelSelector": {
+            "matchLabels": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/component": "worker"}
+        },
+        "topologyKey": "kubernetes.io/hostname",
+    }

@@ -12,6 +12,8 @@ from typing import Any
 from hooks.api import InferaDeployment, ModelCacheSpec
 from hooks.vocabulary import (
     BY_KIND,
+    COMPONENT_LABEL,
+    DEPLOYMENT_LABEL,
     MODEL_VOLUME,
     MODELS_SUFFIX,
     child_name,
@@ -108,6 +110,7 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": identity_labels(idep, MODELS_SUFFIX)},
                 "spec": {
+                    **_beside_the_worker(idep),
                     "restartPolicy": "Never",
                     "securityContext": {
                         "runAsNonRoot": True,
@@ -125,6 +128,16 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
             },
         },
     }
+
+
+def _beside_the_worker(idep: InferaDeployment) -> dict[str, Any]:
+    """A single-node claim is mounted on one node only: a download for a new source prefers the
+    node its worker runs on (the claim is already attached there)."""
+    if idep.spec.model_access_mode != "ReadWriteOnce":
+        return {}
+    worker = {"matchLabels": {DEPLOYMENT_LABEL: idep.name, COMPONENT_LABEL: "worker"}}
+    term = {"weight": 100, "podAffinityTerm": {"labelSelector": worker, "topologyKey": "kubernetes.io/hostname"}}
+    return {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}}
 
 
 def worker_volume(idep: InferaDeployment) -> dict[str, Any]:
