@@ -342,9 +342,16 @@ def listening_ports(process: Started) -> list[int]:
 
 
 def rendered_graph(hooks, idep: dict[str, Any]) -> Graph:
+    """The first sync's children; with a model cache, the graph once its download completed
+    (the workers wait for it, so the first sync renders none)."""
     runtime.need_runtime()
     answer = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))
     assert answer["status"]["state"] == "initializing", answer["status"]["message"]
+    downloads = [child for child in answer["children"] if child["kind"] == "Job"]
+    if downloads:
+        done = [{**job, "status": {"conditions": [{"type": "Complete", "status": "True"}]}} for job in downloads]
+        answer = hooks.hook("/sync", request_body(idep, done, composite=controller_for(idep)))
+        assert answer["status"]["modelCache"]["phase"] == "Ready", answer["status"]
     return Graph(idep, answer["children"])
 
 
