@@ -65,7 +65,7 @@ def _rendered(
         name = vocabulary.child_name(idep, service)
         # No GPU pod sits idle while the weights move: a new worker pool waits for the download.
         if download and download.phase != "Ready" and svc.is_worker:
-            if not any((kind, name) in existing for kind in status.WORKLOAD_KINDS):
+            if not any((kind, name) in existing for kind in vocabulary.WORKLOAD_KINDS):
                 continue
         add(workload(idep, service, svc, live.get(service), _model_dir(idep, download, service)))
         if not svc.is_worker:

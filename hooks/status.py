@@ -26,6 +26,7 @@ from hooks.contract import child_key, field_at
 from hooks.vocabulary import (
     EPP_SUFFIX,
     MODEL_VOLUME,
+    WORKLOAD_KINDS,
     child_name,
     download_job_name,
     pool_name,
@@ -89,7 +90,6 @@ def as_wire(status: InferaDeploymentStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 # What another controller writes in a condition can be long (an autoscaler quotes the metrics
 # API's error): quoted in the message, it is cut to this.
 MAX_QUOTED_MESSAGE = 200

@@ -25,7 +25,15 @@ from hooks.api import InferaDeployment, SpecError
 from hooks.contract import HookRequest, as_kept, as_last_applied, child_key, field_at
 from hooks.renderers.pods import pod_template as workload_template
 from hooks.status import Clock, as_wire, terminating, utc_now
-from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, EPP_SUFFIX, MODELS_SUFFIX, NATS_SUFFIX, SERVICE_LABEL
+from hooks.vocabulary import (
+    COMPONENT_LABEL,
+    DEPLOYMENT_LABEL,
+    EPP_SUFFIX,
+    MODELS_SUFFIX,
+    NATS_SUFFIX,
+    SERVICE_LABEL,
+    WORKLOAD_KINDS,
+)
 
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
 # propagating), even if no watch event arrives.
@@ -37,7 +45,6 @@ STUCK_POD_SLACK = timedelta(seconds=60)
 STAGE_SLACK = timedelta(seconds=30)
 # The drain window assumed when the spec cannot be read.
 FALLBACK_GRACE_SECONDS = 600
-WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 
 
 def _labels(obj: Any) -> dict[str, str]:

@@ -59,6 +59,10 @@ def route_name(idep: "InferaDeployment") -> str:
     return child_name(idep, "route")
 
 
+# The kinds a service's pods run under.
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+
+
 def workload_kind(svc: "ServiceSpec") -> str:
     """A service spanning several nodes is a LeaderWorkerSet of groups; any other, a Deployment."""
     return "LeaderWorkerSet" if svc.number_of_nodes > 1 else "Deployment"

@@ -28,13 +28,7 @@ def need_sandbox() -> None:
     need(not missing, f"{', '.join(missing)} not on PATH (util-linux, iproute2)")
     probe = subprocess.run(
         [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--net",
-            "--pid",
-            "--fork",
+            *sandbox.UNSHARE,
             "sh",
             "-c",
             "ip link add probe0 type bridge && ip link add probe1 type veth peer name probe2",

@@ -56,6 +56,9 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN = "e2e-service-account-token"
 LOG_TAIL_LINES = 40
 
+# A machine of its own: user (as root inside), mount, network and PID namespaces.
+UNSHARE = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
+
 
 def sh(*argv: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
@@ -583,13 +586,7 @@ def run(directory: Path, timeout: float, env: dict[str, str] | None = None) -> s
     graph_file.write_text(json.dumps({**json.loads(graph_file.read_text()), "deadline": timeout - 15}))
     return subprocess.run(
         [
-            "unshare",
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--net",
-            "--pid",
-            "--fork",
+            *UNSHARE,
             "--kill-child",
             "--",
             sys.executable,
