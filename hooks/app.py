@@ -7,14 +7,12 @@ Hook endpoints may require a bearer token; health and metrics stay open.
 
 import functools
 import hashlib
-import json
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, request
@@ -23,38 +21,40 @@ from werkzeug.exceptions import HTTPException
 from hooks import observability, reconcile, teardown
 from hooks.auth import TokenFile
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, HookRequest, decode, parse_request
+from hooks.encoding import canonical_json
+from hooks.memo import BUILD_DIGEST, RenderMemo
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 log = logging.getLogger("hooks")
 
 
-def _code_digest() -> bytes:
-    """A digest of this package's source: a new build never matches an old build's ETag, even
-    when the version number did not change."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.rglob("*.py")):
-        digest.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.digest()
+# A hook's reply: the answer as canonical JSON, and what the log line and metrics say of it.
+Reply = tuple[bytes, observability.Summary]
 
 
-# An ETag names the answer to one request body for one hook, by this build of the code.
-ETAG_SEED = _code_digest()
-# Every hook is a pure function of the request, and whether its answers may be cached. Teardown
-# answers depend on the clock (a pod past its deletion deadline, the blind drain window): the
-# same request must get a new answer once time has moved.
-HOOK_TABLE: dict[str, tuple[Callable[[HookRequest], dict], bool]] = {
-    "sync": (reconcile.sync, True),
-    "finalize": (teardown.finalize, False),
-    "customize": (teardown.customize, True),
+def _reply(answer: dict[str, Any]) -> Reply:
+    return canonical_json(answer), observability.Summary.of(answer)
+
+
+def _sync(request: HookRequest, memo: RenderMemo) -> Reply:
+    answer = reconcile.sync_answer(request, memo=memo)
+    return answer.json(), observability.Summary(answer.status.get("state"), len(answer.children))
+
+
+# Every hook is a pure function of the request (sync memoises its renders in the worker's memo),
+# and whether its answers may be cached. Teardown answers depend on the clock (a pod past its
+# deletion deadline, the blind drain window): the same request must get a new answer once time
+# has moved.
+HOOK_TABLE: dict[str, tuple[Callable[[HookRequest, RenderMemo], Reply], bool]] = {
+    "sync": (_sync, True),
+    "finalize": (lambda request, memo: _reply(teardown.finalize(request)), False),
+    "customize": (lambda request, memo: _reply(teardown.customize(request)), True),
 }
 HOOKS = tuple(HOOK_TABLE)
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    # Sorted keys and no spaces: the same request always yields byte-identical answers. ASCII
-    # escapes: any str encodes, even a lone surrogate decoded from an observed annotation.
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return Response(text, status=status, mimetype="application/json")
+    return Response(canonical_json(body), status=status, mimetype="application/json")
 
 
 def error_response(status: int, message: str) -> Response:
@@ -108,7 +108,8 @@ ANSWER_CACHE_BYTES = 16 * 1024 * 1024
 
 
 def _etag(body: bytes) -> str:
-    digest = hashlib.sha256(ETAG_SEED + b"\0" + request.path.encode() + b"\0" + body).hexdigest()
+    # An ETag names the answer to one request body for one hook, by this build of the code.
+    digest = hashlib.sha256(BUILD_DIGEST + b"\0" + request.path.encode() + b"\0" + body).hexdigest()
     return f'"{digest[:40]}"'
 
 
@@ -118,7 +119,9 @@ def _not_modified(etag: str) -> bool:
     return etag in (tag.strip() for tag in wanted.split(","))
 
 
-def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache | None) -> Response:
+def _hook(
+    name: str, handler: Callable[[HookRequest, RenderMemo], Reply], memo: RenderMemo, cache: AnswerCache | None
+) -> Response:
     """Answer one hook call. With a cache, a repeated request is answered from it (or 304 by
     ETag); without one, every call is computed afresh."""
     started = time.perf_counter()
@@ -148,16 +151,15 @@ def _hook(name: str, handler: Callable[[HookRequest], dict], cache: AnswerCache 
             return error_response(400, "request body is nested too deeply")
         parent = hook_request.parent
         outcome = "error"  # unless the handler answers
-        answer = handler(hook_request)
-        summary = observability.Summary.of(answer)
-        outcome = "failed" if (answer.get("status") or {}).get("state") == "failed" else "ok"
-        response = json_response(answer)
+        body, summary = handler(hook_request, memo)
+        outcome = "failed" if summary.state == "failed" else "ok"
+        response = Response(body, mimetype="application/json")
         if cache is not None and etag is not None:
             response.headers["ETag"] = etag
             identity = {
                 k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")
             }
-            cache.put(etag, Answer(response.get_data(), outcome, {"metadata": identity}, summary))
+            cache.put(etag, Answer(body, outcome, {"metadata": identity}, summary))
         return response
     finally:
         observability.record(name, outcome, time.perf_counter() - started, parent, summary)
@@ -207,6 +209,7 @@ def _render_problem() -> str | None:
 def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFile | None = None) -> Flask:
     app = Flask(__name__)
     cache = AnswerCache(ANSWER_CACHE_BYTES)
+    memo = RenderMemo()
     # Larger bodies get 413 before they are read.
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
 
@@ -223,7 +226,7 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
 
     for name, (handler, cached) in HOOK_TABLE.items():
         app.add_url_rule(
-            f"/{name}", name, functools.partial(_hook, name, handler, cache if cached else None), methods=["POST"]
+            f"/{name}", name, functools.partial(_hook, name, handler, memo, cache if cached else None), methods=["POST"]
         )
 
     @app.get("/healthz")

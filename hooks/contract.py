@@ -6,10 +6,13 @@ only the objects matter, never the keys. Answers may hold only `status`, `childr
 `resyncAfterSeconds` and `finalized`: v2 hooks are decoded strictly.
 """
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from hooks import vocabulary
 
@@ -40,8 +43,16 @@ class HookRequest:
     # (a hand-written body), in which case every kind may be emitted.
     registered: frozenset[Kind] | None = None
 
+    @functools.cached_property
+    def by_key(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """The observed children by (kind, name)."""
+        return {child_key(child): child for child in self.children}
+
     def allows(self, child: dict[str, Any]) -> bool:
-        return self.registered is None or (child["kind"], child["apiVersion"]) in self.registered
+        return self.registers(child["kind"], child["apiVersion"])
+
+    def registers(self, kind: str, api_version: str) -> bool:
+        return self.registered is None or (kind, api_version) in self.registered
 
 
 def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
@@ -51,12 +62,12 @@ def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
     spec = controller.get("spec") if isinstance(controller, dict) else None
     resources = spec.get("childResources") if isinstance(spec, dict) else None
     if isinstance(resources, list):
+        keys = [(entry.get("apiVersion"), entry.get("resource")) for entry in resources if isinstance(entry, dict)]
+        # A key of anything but strings is in no table: only the hashable ones are looked up.
         return frozenset(
             (CHILD_KINDS[key], key[0])
-            for entry in resources
-            if isinstance(entry, dict)
-            and all(isinstance(entry.get(field), str) for field in ("apiVersion", "resource"))
-            and (key := (entry["apiVersion"], entry["resource"])) in CHILD_KINDS
+            for key in keys
+            if isinstance(key[0], str) and isinstance(key[1], str) and key in CHILD_KINDS
         )
     children = body.get("children")
     if isinstance(children, dict) and children:
@@ -92,9 +103,14 @@ def _is_kubernetes_object(obj: Any) -> bool:
         isinstance(metadata, dict)
         and isinstance(metadata.get("name"), str)
         and isinstance(obj.get("kind"), str)
-        and all(is_string_map(metadata.get(field)) for field in ("labels", "annotations"))
-        and all(isinstance(obj.get(field), dict | None) for field in ("spec", "status"))
+        and is_string_map(metadata.get("labels"))
+        and is_string_map(metadata.get("annotations"))
+        and isinstance(obj.get("spec"), OPTIONAL_OBJECT)
+        and isinstance(obj.get("status"), OPTIONAL_OBJECT)
     )
+
+
+OPTIONAL_OBJECT = (dict, type(None))
 
 
 def is_string_map(mapping: Any) -> bool:
@@ -126,7 +142,17 @@ def _lone_surrogate(node: Any, where: str) -> str | None:
 
 def decode(raw: bytes) -> Any:
     """The JSON document in a request body; ValueError (BadRequest for a lone surrogate) if
-    there is none."""
+    there is none.
+
+    orjson reads every RFC 8259 document, the whole of what Metacontroller sends; it refuses
+    the rest (a lone surrogate, NaN, UTF-16, nesting past 1,024 levels), which the standard
+    library then reads or refuses as it always has. They differ only on an integer beyond 64
+    bits, which orjson reads as a float: the API server has read it as one already (a
+    Kubernetes object holds int64 or float64), so only a hand-written body can hold one."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
     document = json.loads(raw)
     if SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(document, "")) is not None:
         raise BadRequest(
@@ -167,6 +193,20 @@ def child_key(child: dict[str, Any]) -> tuple[str, str]:
     return child.get("kind", ""), child["metadata"].get("name", "")
 
 
+def recorded_configuration(child: dict[str, Any]) -> dict[str, Any] | None:
+    """The child as Metacontroller recorded it when it last applied it, or None."""
+    recorded = (child["metadata"].get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
+    return parse_recorded(recorded) if recorded else None
+
+
+def parse_recorded(recorded: str) -> dict[str, Any] | None:
+    try:
+        applied = json.loads(recorded)
+    except (ValueError, RecursionError):
+        return None
+    return applied if isinstance(applied, dict) else None
+
+
 def as_last_applied(child: dict[str, Any]) -> dict[str, Any]:
     """What the hook last asked for: answering it again changes nothing on the cluster.
 
@@ -174,14 +214,9 @@ def as_last_applied(child: dict[str, Any]) -> dict[str, Any]:
     (a child adopted from elsewhere) keep the object minus what the API server owns.
     """
     metadata = child["metadata"]
-    recorded = (metadata.get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
-    if recorded:
-        try:
-            applied = json.loads(recorded)
-        except (ValueError, RecursionError):
-            applied = None
-        if isinstance(applied, dict):
-            return applied
+    applied = recorded_configuration(child)
+    if applied is not None:
+        return applied
     kept_metadata = {k: metadata[k] for k in ("name", "namespace", "labels", "annotations") if k in metadata}
     return {k: v for k, v in child.items() if k not in ("status", "metadata")} | {"metadata": kept_metadata}
 

@@ -6,13 +6,15 @@ matters: the API server fills in fields of a claim template (kind, volumeMode, s
 Metacontroller replaces such lists wholesale, so anything less would be re-applied every sync.
 """
 
+import functools
 from typing import Any
 
-from hooks.contract import as_last_applied, child_key
+from hooks.contract import LAST_APPLIED_ANNOTATION, as_last_applied, parse_recorded
+from hooks.encoding import EncodedChild, Path, field_at_path
 from hooks.quantity import quantity_value
 
 # kind -> (path to the field, the spec field a user would have changed)
-IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
+IMMUTABLE_FIELDS: dict[str, list[tuple[Path, str]]] = {
     "StatefulSet": [(("spec", "volumeClaimTemplates"), "nats.storageSize/storageClassName")],
     "PersistentVolumeClaim": [
         (("spec", "storageClassName"), "modelCache.storageClassName"),
@@ -20,13 +22,13 @@ IMMUTABLE_FIELDS: dict[str, list[tuple[tuple[str, ...], str]]] = {
     ],
 }
 # Fields that may grow but never shrink (a claim's storage: volume expansion).
-GROW_ONLY: dict[str, list[tuple[tuple[str, ...], str]]] = {
+GROW_ONLY: dict[str, list[tuple[Path, str]]] = {
     "PersistentVolumeClaim": [(("spec", "resources", "requests", "storage"), "modelCache.size")],
 }
 # Fields whose change replaces the child instead: it is left out of one answer (Metacontroller
 # deletes it) and created anew on the next sync. Many LeaderWorkerSet releases refuse to change
 # a group's size in place, and a new size re-forms every group anyway.
-REPLACED_ON_CHANGE: dict[str, list[tuple[tuple[str, ...], str]]] = {
+REPLACED_ON_CHANGE: dict[str, list[tuple[Path, str]]] = {
     "LeaderWorkerSet": [(("spec", "leaderWorkerTemplate", "size"), "numberOfNodes")],
     # Only a child another controller created has another selector: the upstream operator puts
     # its managed-by label in every selector. A Service's could change in place, but the 3-way
@@ -35,14 +37,6 @@ REPLACED_ON_CHANGE: dict[str, list[tuple[tuple[str, ...], str]]] = {
     "StatefulSet": [(("spec", "selector"), "the selector")],
     "Service": [(("spec", "selector"), "the selector")],
 }
-
-
-def _get(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 def _smaller(wanted: str, stored: str) -> bool:
@@ -61,51 +55,90 @@ def _covers(stored: Any, wanted: Any) -> bool:
     return stored == wanted
 
 
+# Every path the steps above read, by kind: what an encoded child carries beside its body.
+TABLES = (IMMUTABLE_FIELDS, GROW_ONLY, REPLACED_ON_CHANGE)
+WATCHED_PATHS: dict[str, tuple[Path, ...]] = {
+    kind: tuple(path for table in TABLES for path, _ in table.get(kind, [])) for kind in set().union(*TABLES)
+}
+REMOVED = object()  # a field to leave out of the answer
+
+
+def encoded(child: dict[str, Any]) -> EncodedChild:
+    """A child encoded with the fields keep_immutable_fields compares."""
+    kind = child.get("kind")
+    return EncodedChild.of(child, WATCHED_PATHS.get(kind, ()) if isinstance(kind, str) else ())
+
+
+def _applied(current: dict[str, Any], path: Path) -> bool:
+    """Whether the hook applied `path` of this child, as its last-applied record says."""
+    recorded = field_at_path(current, ("metadata", "annotations", LAST_APPLIED_ANNOTATION))
+    if isinstance(recorded, str) and (applied := _recorded_holds(recorded, path)) is not None:
+        return applied
+    return field_at_path(as_last_applied(current), path) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _recorded_holds(recorded: str, path: Path) -> bool | None:
+    """Whether a last-applied record holds `path` (None: it is no record). Every sync brings
+    the same records again, and parsing one costs more than the rest of this step."""
+    applied = parse_recorded(recorded)
+    return None if applied is None else field_at_path(applied, path) is not None
+
+
 def keep_immutable_fields(
-    desired: list[dict[str, Any]], observed: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Set immutable fields of `desired` to their observed values and leave out children that
-    must be replaced; return the children to answer and one notice per field concerned."""
-    existing = {child_key(child): child for child in observed}
+    desired: list[EncodedChild], observed: dict[tuple[str, str], dict[str, Any]]
+) -> tuple[list[EncodedChild], list[str]]:
+    """Set immutable fields of `desired` to their observed values (`observed` by kind and name)
+    and leave out children that must be replaced; return the children to answer and one notice
+    per field concerned. Only a child that changes is decoded and encoded again."""
     answer, notices = [], []
     for child in desired:
-        current = existing.get(child_key(child))
-        label = f"{child['kind']} {child['metadata']['name']}"
+        current = observed.get((child.kind, child.name)) if child.kind in WATCHED_PATHS else None
+        if current is None:
+            answer.append(child)
+            continue
+        label = f"{child.kind} {child.name}"
         replaced = [
             (path, spec_field)
-            for path, spec_field in REPLACED_ON_CHANGE.get(child["kind"], [])
-            if current
-            if _get(current, path) != _get(child, path)
+            for path, spec_field in REPLACED_ON_CHANGE.get(child.kind, [])
+            if field_at_path(current, path) != child.fields[path]
         ]
         if replaced:
             for path, spec_field in replaced:
                 notices.append(
-                    f"{label} is being replaced: {spec_field} changed from {_get(current, path)} to "
-                    f"{_get(child, path)} ({'.'.join(path)} cannot change in place)"
+                    f"{label} is being replaced: {spec_field} changed from {field_at_path(current, path)} to "
+                    f"{child.fields[path]} ({'.'.join(path)} cannot change in place)"
                 )
             continue
-        for path, spec_field in GROW_ONLY.get(child["kind"], []) if current else []:
-            stored, wanted = _get(current, path), _get(child, path)
+        changes: dict[Path, Any] = {}
+        for path, spec_field in GROW_ONLY.get(child.kind, []):
+            stored, wanted = field_at_path(current, path), child.fields[path]
             if isinstance(stored, str) and isinstance(wanted, str) and _smaller(wanted, stored):
                 notices.append(
                     f"{spec_field} not applied to {label}: {wanted} is less than its {stored}, which cannot shrink"
                 )
-                _get(child, path[:-1])[path[-1]] = stored
-        for path, spec_field in IMMUTABLE_FIELDS.get(child["kind"], []) if current else []:
-            stored = _get(current, path)
+                changes[path] = stored
+        for path, spec_field in IMMUTABLE_FIELDS.get(child.kind, []):
+            stored, wanted = field_at_path(current, path), child.fields[path]
             # Left unset, what the API server filled in (a default storage class) stays: the
             # 3-way merge keeps a field never applied.
-            if stored is None or _get(child, path) is None:
+            if stored is None or wanted is None:
                 continue
-            if not _covers(stored, _get(child, path)):
+            if stored != wanted and not _covers(stored, wanted):
                 notices.append(
                     f"{spec_field} change not applied to {label}: "
-                    f"{'.'.join(path)} is immutable (delete the {child['kind']} to recreate it)"
+                    f"{'.'.join(path)} is immutable (delete the {child.kind} to recreate it)"
                 )
-            if current is None or _get(as_last_applied(current), path) is None:
-                # Never applied (the API server filled it in): left out, the merge keeps it.
-                _get(child, path[:-1]).pop(path[-1])
-            else:
-                _get(child, path[:-1])[path[-1]] = stored
+            # Never applied (the API server filled it in): left out, the merge keeps it.
+            changes[path] = stored if _applied(current, path) else REMOVED
+        if any(value is REMOVED or value != child.fields[path] for path, value in changes.items()):
+            body = child.decoded()
+            for path, value in changes.items():
+                parent = field_at_path(body, path[:-1])
+                if value is REMOVED:
+                    parent.pop(path[-1])
+                else:
+                    parent[path[-1]] = value
+            child = encoded(body)
         answer.append(child)
     return answer, notices

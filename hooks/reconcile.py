@@ -1,14 +1,19 @@
 """The hooks as pure functions: a parsed Metacontroller request in, the answer out."""
 
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from hooks import admission, preflight, status, vocabulary
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_kept, as_last_applied, child_key
-from hooks.immutable import keep_immutable_fields
+from hooks.contract import HookRequest, as_kept, as_last_applied, field_at
+from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
+from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
+from hooks.memo import RenderMemo, RolledUp
 from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats
 from hooks.renderers.patches import apply_patches, targeting
 from hooks.renderers.services import server_service
@@ -25,15 +30,47 @@ def _where_registered(kind: str) -> str:
     return f"the kustomize component metacontroller/components/{component}"
 
 
+@dataclass(frozen=True)
+class RenderInputs:
+    """What a render reads from the observed children, as plain data. With the parent and the
+    registered kinds it is everything a render depends on, and so the render memo's key."""
+
+    # The replicas each autoscaled service's workload has now.
+    live_replicas: dict[str, int] = field(default_factory=dict)
+    # The workloads that exist (a worker pool waiting for the model download is not created).
+    workloads: frozenset[tuple[str, str]] = frozenset()
+    # The model cache's download phase (None without a model cache), the source digest each
+    # service's workload mounts, and the observed Jobs by name as last applied.
+    model_phase: str | None = None
+    mounted: dict[str, str] = field(default_factory=dict)
+    jobs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, idep: InferaDeployment, observed: status.Observed) -> "RenderInputs":
+        """From the observed children by (kind, name)."""
+        workloads = frozenset(key for key in observed if key[0] in vocabulary.WORKLOAD_KINDS)
+        download = status.model_download(idep, observed)
+        if download is None:
+            return cls(status.live_replicas(idep, observed), workloads)
+        jobs = {name: as_last_applied(child) for (kind, name), child in observed.items() if kind == "Job"}
+        return cls(status.live_replicas(idep, observed), workloads, download.phase, download.mounted, jobs)
+
+    def key(self) -> list[Any]:
+        return [
+            sorted(self.live_replicas.items()),
+            sorted(self.workloads),
+            self.model_phase,
+            sorted(self.mounted.items()),
+            self.jobs,
+        ]
+
+
 def render_children(
-    idep: InferaDeployment,
-    allows: Callable[[dict], bool] = lambda child: True,
-    observed: Sequence[dict] = (),
+    idep: InferaDeployment, allows: Callable[[dict], bool] = lambda child: True, inputs: RenderInputs = RenderInputs()
 ) -> list[dict]:
     """Every desired child, in a stable order: plumbing first, then services by name, with
     spec.patches applied. Each child is measured as it is made: SpecError once one, or all
-    together, outgrow the size bounds. From the `observed` children come the replicas an
-    autoscaler set and where the model cache's download is.
+    together, outgrow the size bounds.
 
     GAIE is all or nothing: when `allows` (the kinds the CompositeController registers) refuses
     a gateway object, the graph is rendered as with GAIE off (no sidecars rolled into every GPU
@@ -41,19 +78,16 @@ def render_children(
     withhold_unregistered to name."""
     gateway = gaie.render(idep)
     if not all(allows(child) for child in gateway):
-        return _rendered(gaie.without_gateway(idep, gateway), [], allows, list(observed)) + gateway
-    return _rendered(idep, gateway, allows, list(observed))
+        return _rendered(gaie.without_gateway(idep, gateway), [], allows, inputs) + gateway
+    return _rendered(idep, gateway, allows, inputs)
 
 
 def _rendered(
-    idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], observed: list[dict]
+    idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], inputs: RenderInputs
 ) -> list[dict]:
     sizes = RenderedSize()
     children: list[dict] = []
-    live = status.live_replicas(idep, observed)
-    download = status.model_download(idep, observed)
-    cache_children, kept_jobs = _model_cache_children(idep, download, observed)
-    existing = {child_key(child) for child in observed}
+    cache_children, kept_jobs = _model_cache_children(idep, inputs)
 
     def add(child: dict) -> None:
         sizes.add(child)
@@ -64,10 +98,10 @@ def _rendered(
     for service, svc in sorted(idep.spec.services.items()):
         name = vocabulary.child_name(idep, service)
         # No GPU pod sits idle while the weights move: a new worker pool waits for the download.
-        if download and download.phase != "Ready" and svc.is_worker:
-            if not any((kind, name) in existing for kind in vocabulary.WORKLOAD_KINDS):
+        if inputs.model_phase not in (None, "Ready") and svc.is_worker:
+            if not any((kind, name) in inputs.workloads for kind in vocabulary.WORKLOAD_KINDS):
                 continue
-        add(workload(idep, service, svc, live.get(service), _model_dir(idep, download, service)))
+        add(workload(idep, service, svc, inputs.live_replicas.get(service), _model_dir(idep, inputs, service)))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
         for child in autoscaling.render(idep, service, svc):
@@ -81,45 +115,35 @@ def _rendered(
     return patched + kept_jobs
 
 
-def _model_cache_children(
-    idep: InferaDeployment, download: status.Download | None, observed: list[dict]
-) -> tuple[list[dict], list[dict]]:
+def _model_cache_children(idep: InferaDeployment, inputs: RenderInputs) -> tuple[list[dict], list[dict]]:
     """The claim and, unless it exists, the current source's download Job; and the observed
     download Jobs to keep as applied (a Job cannot change): the current one, and those of
     sources running workers still mount. The others are done with and go."""
     cache = idep.spec.model_cache
-    if cache is None or download is None:
+    if cache is None or inputs.model_phase is None:
         return [], []
     rendered = [model_cache.persistent_volume_claim(idep)]
     job = model_cache.download_job(idep)
-    if download.job is None:
+    applied = inputs.jobs.get(job["metadata"]["name"])
+    if applied is None:
         rendered.append(job)
     # A failed download whose Job the spec now renders differently (a token added, another
     # downloader) is deleted, and created anew on the next sync: that is the retry.
     # (Its spec: Metacontroller records the metadata with its own label and the namespace added.)
-    retried = (
-        download.phase == "Failed"
-        and download.job is not None
-        and as_last_applied(download.job).get("spec") != job["spec"]
-    )
-    wanted = {vocabulary.download_job_name(idep, digest) for digest in download.mounted.values()}
+    retried = inputs.model_phase == "Failed" and applied is not None and applied.get("spec") != job["spec"]
+    wanted = {vocabulary.download_job_name(idep, digest) for digest in inputs.mounted.values()}
     if not retried:
         wanted.add(job["metadata"]["name"])
-    kept = [
-        as_last_applied(child)
-        for child in sorted(observed, key=child_key)
-        if child.get("kind") == "Job" and child["metadata"].get("name") in wanted
-    ]
-    return rendered, kept
+    return rendered, [inputs.jobs[name] for name in sorted(wanted) if name in inputs.jobs]
 
 
-def _model_dir(idep: InferaDeployment, download: status.Download | None, service: str) -> str | None:
+def _model_dir(idep: InferaDeployment, inputs: RenderInputs, service: str) -> str | None:
     """The cache directory a service's pods mount: the current source's once downloaded; until
     then the one its running workers mount (they keep serving it), or none."""
     cache = idep.spec.model_cache
-    if cache is None or download is None:
+    if cache is None or inputs.model_phase is None:
         return None
-    return cache.digest if download.phase == "Ready" else download.mounted.get(service)
+    return cache.digest if inputs.model_phase == "Ready" else inputs.mounted.get(service)
 
 
 # What spec.services.<name>.autoscaling decides, by kind: a patch setting it would fight the autoscaler.
@@ -135,11 +159,11 @@ def _check_autoscaler_owned(idep: InferaDeployment, rendered: list[dict], patche
         svc = idep.spec.services.get(_service_of(after) or "")
         if after is before or svc is None or svc.autoscaling is None:
             continue
-        for field in AUTOSCALER_OWNED.get(after["kind"], ()):
-            if (after.get("spec") or {}).get(field) != before["spec"].get(field):
+        for owned in AUTOSCALER_OWNED.get(after["kind"], ()):
+            if (after.get("spec") or {}).get(owned) != before["spec"].get(owned):
                 raise SpecError(
                     f"{targeting(idep.spec.patches or [], after)} ({after['kind']} {after['metadata']['name']}): "
-                    f"spec.{field} is set by spec.services.{_service_of(after)}.autoscaling, not by a patch"
+                    f"spec.{owned} is set by spec.services.{_service_of(after)}.autoscaling, not by a patch"
                 )
 
 
@@ -148,15 +172,37 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
     return previous if isinstance(previous, dict) else {}
 
 
+@dataclass(frozen=True)
+class SyncAnswer:
+    status: dict[str, Any]
+    status_json: bytes  # canonical_json(status)
+    children: list[EncodedChild]
+
+    def json(self) -> bytes:
+        """The answer as canonical JSON, spliced from its parts' encodings."""
+        return sync_answer_json(self.status_json, self.children)
+
+
 def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, Any]:
+    """The sync answer as plain data, computed afresh (the CLI, the tests)."""
+    return json.loads(sync_answer(request, now).json())
+
+
+def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: RenderMemo | None = None) -> SyncAnswer:
+    """The desired children and status. With a memo, a parent, registered kinds and observed
+    inputs rendered before are not rendered again."""
+    memo = memo or RenderMemo(0)
     try:
-        idep = InferaDeployment.from_parent(request.parent)
-        live = status.live_replicas(idep, request.children)
-        children = render_children(idep, request.allows, request.children)
-        preflight.check_graph(idep, children)
+        entry = memo.parent(request.parent)
+        idep = entry.idep()
+        inputs = RenderInputs.of(idep, request.by_key)
+        registered = None if request.registered is None else sorted(request.registered)
+        children = memo.rendered(entry, [registered, inputs.key()], lambda: _checked_render(idep, request, inputs))
         children, unregistered = withhold_unregistered(request, children)
-        children, notices = keep_immutable_fields(children, request.children)
-        notices += status.autoscaler_notices(idep, live, children) + default_budgets_left_out(idep, request)
+        children, notices = keep_immutable_fields(children, request.by_key)
+        answered = {(child.kind, child.name) for child in children}
+        notices += status.autoscaler_notices(idep, inputs.live_replicas, answered)
+        notices += default_budgets_left_out(idep, request)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
@@ -164,12 +210,45 @@ def sync(request: HookRequest, now: status.Clock = status.utc_now) -> dict[str, 
         # Say what failed, not where: an exception's text can hold file paths and internals.
         message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
         return _keep_observed(request, message, now)
-    return {
-        "status": status.as_wire(
-            status.roll_up(idep, request.children, _previous_status(request), now, notices, unregistered)
-        ),
-        "children": children,
-    }
+    previous = _previous_status(request)
+
+    def roll_up() -> tuple[RolledUp, bool]:
+        clock = ReadClock(now)
+        rolled_up = status.as_wire(status.roll_up(idep, request.by_key, previous, clock, notices, unregistered))
+        return (rolled_up, canonical_json(rolled_up)), not clock.read
+
+    # The roll-up reads the previous conditions, and of each observed child its identity,
+    # generation, replicas and status.
+    observed = [
+        [
+            kind,
+            name,
+            field_at(child, "metadata", "generation"),
+            field_at(child, "spec", "replicas"),
+            child.get("status"),
+        ]
+        for (kind, name), child in request.by_key.items()
+    ]
+    wire, wire_json = memo.status(entry, [previous.get("conditions"), notices, unregistered, observed], roll_up)
+    return SyncAnswer(wire, wire_json, children)
+
+
+class ReadClock:
+    """A clock that remembers whether it was read."""
+
+    def __init__(self, clock: status.Clock) -> None:
+        self.clock = clock
+        self.read = False
+
+    def __call__(self) -> datetime:
+        self.read = True
+        return self.clock()
+
+
+def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: RenderInputs) -> list[EncodedChild]:
+    children = render_children(idep, request.allows, inputs)
+    preflight.check_graph(idep, children)
+    return [encoded(child) for child in children]
 
 
 def default_budgets_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
@@ -194,37 +273,34 @@ def _service_of(child: dict[str, Any]) -> str | None:
     return (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
 
 
-def withhold_unregistered(
-    request: HookRequest, children: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[str]]:
+def withhold_unregistered(request: HookRequest, children: list[EncodedChild]) -> tuple[list[EncodedChild], list[str]]:
     """Children of a kind the CompositeController does not register would fail the whole sync.
 
     Every child of an affected service (or plumbing part) is withheld instead and that part's
     observed children are kept exactly as applied; the rest of the graph is still rendered.
     Returns the children to answer and one message per withheld child.
     """
-    withheld = [child for child in children if not request.allows(child)]
+    withheld = [child for child in children if not request.registers(child.kind, child.api_version)]
     if not withheld:
         return children, []
-    blocked = {_service_of(child) for child in withheld}
-    answer = [child for child in children if _service_of(child) not in blocked]
-    answer += as_kept([child for child in request.children if _service_of(child) in blocked], request.children)
+    blocked = {child.service for child in withheld}
+    answer = [child for child in children if child.service not in blocked]
+    kept = [child for child in request.children if _service_of(child) in blocked]
+    answer += [encoded(child) for child in as_kept(kept, request.children)]
     messages = [
-        f"{child['kind']} {child['metadata']['name']} cannot be created: this CompositeController does not "
-        f"register {child['kind']} ({child['apiVersion']}); enable "
-        f"{_where_registered(child['kind'])}"
+        f"{child.kind} {child.name} cannot be created: this CompositeController does not "
+        f"register {child.kind} ({child.api_version}); enable {_where_registered(child.kind)}"
         for child in withheld
     ]
     return answer, messages
 
 
-def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> dict[str, Any]:
+def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> SyncAnswer:
     """A bad spec fails loudly in status and keeps every observed child exactly as applied (an
     autoscaled workload at the autoscaler's count), creating nothing new."""
     generation = request.parent["metadata"].get("generation")
-    return {
-        "status": status.as_wire(
-            status.failed(message, generation if isinstance(generation, int) else 0, _previous_status(request), now)
-        ),
-        "children": as_kept(request.children, request.children),
-    }
+    failed = status.as_wire(
+        status.failed(message, generation if isinstance(generation, int) else 0, _previous_status(request), now)
+    )
+    kept = [encoded(child) for child in as_kept(request.children, request.children)]
+    return SyncAnswer(failed, canonical_json(failed), kept)

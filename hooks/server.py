@@ -136,6 +136,7 @@ def serve(options: ServeOptions) -> None:
     metrics_directory = metrics_dir.create()
     master = os.getpid()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_directory
+    from gunicorn import glogging
     from gunicorn.app.base import BaseApplication
     from gunicorn.workers.ggevent import GeventWorker
 
@@ -164,6 +165,14 @@ def serve(options: ServeOptions) -> None:
         except Exception:
             log.exception("could not fold the metrics of dead worker %s", pid)
 
+    class HookLogger(glogging.Logger):
+        """gunicorn's logger without its access log: every hook call logs one line already,
+        and probes every few seconds would drown them. (Configured logging turns gunicorn's
+        access log on, and it formats each request's line before the level drops it.)"""
+
+        def access(self, *args: Any) -> None:
+            pass
+
     class HookServer(BaseApplication):
         def load_config(self) -> None:
             self.cfg.set("bind", [options.bind])
@@ -176,6 +185,7 @@ def serve(options: ServeOptions) -> None:
             self.cfg.set("keepalive", 5)
             self.cfg.set("graceful_timeout", GRACEFUL_TIMEOUT_SECONDS)
             self.cfg.set("logconfig_dict", LOGGING)
+            self.cfg.set("logger_class", HookLogger)
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
             self.cfg.set("child_exit", lambda _server, worker: fold(worker.pid))

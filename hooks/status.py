@@ -5,7 +5,7 @@ So nothing here depends on dict order, and the clock is read only when a conditi
 changes status; otherwise its lastTransitionTime is carried over from the parent's status.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +22,7 @@ from hooks.api import (
     ServiceStatus,
     State,
 )
-from hooks.contract import child_key, field_at
+from hooks.contract import field_at
 from hooks.vocabulary import (
     EPP_SUFFIX,
     MODEL_VOLUME,
@@ -100,11 +100,10 @@ def _workload(idep: InferaDeployment, service: str, observed: Observed) -> dict 
     """The service's observed workload: of the kind the spec asks for, else of the other kind,
     which still serves during a switch or while the wanted kind is not registered."""
     name = child_name(idep, service)
-    wanted = workload_kind(idep.spec.services[service])
-    for kind in sorted(WORKLOAD_KINDS, key=lambda kind: kind != wanted):
-        if (kind, name) in observed:
-            return observed[(kind, name)]
-    return None
+    wanted = observed.get((workload_kind(idep.spec.services[service]), name))
+    if wanted is not None:
+        return wanted
+    return next((observed[(kind, name)] for kind in WORKLOAD_KINDS if (kind, name) in observed), None)
 
 
 def _current_ready(workload: dict | None) -> int:
@@ -135,11 +134,11 @@ def _pod_templates(workload: dict) -> list[Any]:
     return [spec.get("template"), lws.get("leaderTemplate"), lws.get("workerTemplate")]
 
 
-def _mounted_digests(idep: InferaDeployment, observed: list[dict]) -> dict[str, str]:
+def _mounted_digests(idep: InferaDeployment, observed: Observed) -> dict[str, str]:
     services = {child_name(idep, service): service for service, svc in idep.spec.services.items() if svc.is_worker}
     digests = {}
-    for child in observed:
-        if child.get("kind") not in WORKLOAD_KINDS or child["metadata"].get("name") not in services:
+    for (kind, name), child in observed.items():
+        if kind not in WORKLOAD_KINDS or name not in services:
             continue
         for template in _pod_templates(child):
             for container in field_at(template, "spec", "containers") or []:
@@ -149,7 +148,7 @@ def _mounted_digests(idep: InferaDeployment, observed: list[dict]) -> dict[str, 
                         and mount.get("name") == MODEL_VOLUME
                         and isinstance(mount.get("subPath"), str)
                     ):
-                        digests[services[child["metadata"]["name"]]] = mount["subPath"]
+                        digests[services[name]] = mount["subPath"]
     return digests
 
 
@@ -165,12 +164,12 @@ def _job_condition(job: dict | None, kind: str) -> dict | None:
     )
 
 
-def model_download(idep: InferaDeployment, observed: list[dict]) -> Download | None:
+def model_download(idep: InferaDeployment, observed: Observed) -> Download | None:
     """Where the model cache's download is, as its Job reports (None without a model cache)."""
     cache = idep.spec.model_cache
     if cache is None:
         return None
-    job = next((c for c in observed if child_key(c) == ("Job", download_job_name(idep, cache.digest))), None)
+    job = observed.get(("Job", download_job_name(idep, cache.digest)))
     mounted = _mounted_digests(idep, observed)
     if _job_condition(job, "Complete"):
         return Download("Ready", job, "", mounted)
@@ -181,11 +180,10 @@ def model_download(idep: InferaDeployment, observed: list[dict]) -> Download | N
     return Download("Downloading", job, "", mounted)
 
 
-def live_replicas(idep: InferaDeployment, observed: list[dict]) -> dict[str, int]:
+def live_replicas(idep: InferaDeployment, by_key: Observed) -> dict[str, int]:
     """The replicas each autoscaled service's workload has now, as its autoscaler set them. Only
     a workload of the kind the spec renders counts: pods and groups are different units, so a
     switch between one and several nodes starts the new workload afresh."""
-    by_key = {child_key(child): child for child in observed}
     live = {}
     for service, svc in idep.spec.services.items():
         if svc.autoscaling is None:
@@ -196,17 +194,18 @@ def live_replicas(idep: InferaDeployment, observed: list[dict]) -> dict[str, int
     return live
 
 
-def autoscaler_notices(idep: InferaDeployment, live: dict[str, int], answered: list[dict]) -> list[str]:
+def autoscaler_notices(
+    idep: InferaDeployment, live: dict[str, int], answered: Collection[tuple[str, str]]
+) -> list[str]:
     """A replica count written in the spec (by a user, or by the router's scaling API) that the
     autoscaler of a service overrides: said, so nobody waits for it. Only for an autoscaler in
-    the answer (`answered`): one withheld for its unregistered kind owns nothing."""
-    scaled = {child_key(child) for child in answered if child["kind"] == "HorizontalPodAutoscaler"}
+    the answer (`answered`, by kind and name): one withheld for its unregistered kind owns nothing."""
     notices = []
     for service, svc in sorted(idep.spec.services.items()):
         if service not in live or "replicas" not in svc.model_fields_set:
             continue
         count = svc.desired_replicas(live[service])
-        if ("HorizontalPodAutoscaler", child_name(idep, service)) in scaled and count != svc.replicas:
+        if ("HorizontalPodAutoscaler", child_name(idep, service)) in answered and count != svc.replicas:
             notices.append(
                 f"{service}: replicas {svc.replicas} in the spec is not applied while autoscaling owns the count "
                 f"({count} now)"
@@ -329,16 +328,16 @@ def _gaie_waiting(status: GaieStatus) -> str | None:
 
 def roll_up(
     idep: InferaDeployment,
-    observed: list[dict],
+    by_key: Observed,
     previous: dict[str, Any],
     now: Clock,
     notices: Sequence[str] = (),
     unregistered: Sequence[str] = (),
 ) -> InferaDeploymentStatus:
     """`notices` are changes that could not be applied; `unregistered` names children withheld
-    because the CompositeController does not register their kind (the graph is then failed)."""
+    because the CompositeController does not register their kind (the graph is then failed).
+    `by_key`: the observed children by (kind, name)."""
     generation = idep.metadata.generation
-    by_key = {child_key(child): child for child in observed}
     services = service_statuses(idep, by_key)
     current = {service: _current_ready(_workload(idep, service, by_key)) for service in services}
     # Readiness is judged against the count the spec asks for (a replica that was never created
@@ -352,11 +351,11 @@ def roll_up(
     total = len(services)
     gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None
     gateway_waiting = _gaie_waiting(gateway) if gateway else None
-    cache = _model_cache_status(idep, model_download(idep, observed))
+    cache = _model_cache_status(idep, model_download(idep, by_key))
     # While the weights move, the workers that wait for them are why.
     downloading = [cache.message] if cache and cache.phase == "Downloading" else []
     state: State
-    if not observed:
+    if not by_key:
         state, reason = "initializing", "Initializing"
         message = "; ".join([*downloading, f"creating {total} services"])
     elif waiting or gateway_waiting:

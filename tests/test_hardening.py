@@ -216,7 +216,7 @@ def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
 
 
 def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(request: Any) -> dict:
+    def broken(*args: Any) -> dict:
         raise FileNotFoundError(2, "No such file or directory", "/srv/hooks/secret/path.json")
 
     monkeypatch.setitem(app_module.HOOK_TABLE, "sync", (broken, True))

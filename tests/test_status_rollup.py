@@ -10,6 +10,7 @@ import pytest
 
 from hooks import status
 from hooks.api import InferaDeployment
+from hooks.contract import child_key
 from hooks.reconcile import render_children
 from tests.support.prerequisites import REPO
 from tests.support.requests import load_yaml, parent
@@ -51,7 +52,11 @@ def converged(idep: InferaDeployment, ready: bool = True) -> list[dict[str, Any]
 
 
 def wire(idep: InferaDeployment, observed: list[dict[str, Any]], previous: dict[str, Any] | None = None, **kw: Any):
-    rolled = status.as_wire(status.roll_up(idep, observed, previous or {}, kw.pop("now", clock), **kw))
+    rolled = status.as_wire(
+        status.roll_up(
+            idep, {child_key(child): child for child in observed}, previous or {}, kw.pop("now", clock), **kw
+        )
+    )
     validate_status(rolled)
     return rolled
 

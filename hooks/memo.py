@@ -1,0 +1,193 @@
+"""The render memo: each parent's desired children, rendered and encoded once per worker.
+
+The desired children are a pure function of the parent's identity and spec, the kinds the
+CompositeController registers, and a few facts about the observed children (an autoscaler's
+live count, where the model download is). Almost every sync differs from the one before only
+in what the observed children report (a pod became ready, a resourceVersion moved), so those
+inputs repeat and their render is served from here; a sync then costs the status roll-up and
+the immutable-field check. Keys carry a digest of this build's code, and the memo lives in the
+worker's memory: a new build never sees an old build's renders.
+"""
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from hooks.api import InferaDeployment, ParentMeta, SpecError
+from hooks.encoding import EncodedChild, canonical_json
+
+
+def _code_digest() -> bytes:
+    """A digest of this package's source: a new build differs even when the version does not."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        digest.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.digest()
+
+
+BUILD_DIGEST = _code_digest()
+# The parent's metadata a render reads (InferaDeployment.from_parent parses only these).
+PARENT_FIELDS = tuple(ParentMeta.model_fields)
+# Renders and status roll-ups kept per parent: the current one and a few the observed children
+# may return to (an autoscaler moving between counts, a sync in flight with an older world).
+KEPT_PER_PARENT = 4
+# Per gunicorn worker, counted as the JSON the entries hold: room for about 1,500 PD graphs,
+# and with the answer cache what keeps a worker under 100 MB (README, Performance).
+MEMO_BYTES = 16 * 1024 * 1024
+# A parsed InferaDeployment takes about five times the bytes of its JSON (tracemalloc, PD graph).
+PARSED_MODEL_FACTOR = 5
+
+# Children, or the SpecError message the render raised (raised afresh each time).
+Rendered = list[EncodedChild] | str
+# A rolled-up status, as the answer carries it and as canonical JSON.
+RolledUp = tuple[dict[str, Any], bytes]
+
+
+@dataclass
+class ParentEntry:
+    """One parent's parsed model (or why its spec is invalid), its latest renders and its latest
+    status roll-ups."""
+
+    digest: bytes
+    parsed: InferaDeployment | str
+    size: int
+    renders: OrderedDict[bytes, Rendered] = field(default_factory=OrderedDict)
+    statuses: OrderedDict[bytes, RolledUp] = field(default_factory=OrderedDict)
+
+    def idep(self) -> InferaDeployment:
+        if isinstance(self.parsed, str):
+            raise SpecError(self.parsed)
+        return self.parsed
+
+
+def _size(value: Rendered | RolledUp) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, tuple):
+        return len(value[1])
+    return sum(len(child.body) for child in value)
+
+
+def _document(inputs: Any) -> bytes:
+    """Plain data as JSON, its keys in the order given: Metacontroller sends them sorted, and the
+    same data in another order only costs a render."""
+    try:
+        return orjson.dumps(inputs)
+    except TypeError:  # what orjson cannot encode (a lone surrogate, an integer beyond 64 bits)
+        return canonical_json(inputs)
+
+
+def _key(inputs: Any) -> bytes:
+    return hashlib.sha256(BUILD_DIGEST + _document(inputs)).digest()
+
+
+def _identity(parent: dict[str, Any]) -> tuple[bytes, bytes]:
+    """What a render reads of the parent, as JSON, and its digest."""
+    metadata = parent.get("metadata") or {}
+    document = _document([[[k, metadata[k]] for k in PARENT_FIELDS if k in metadata], parent.get("spec")])
+    return document, hashlib.sha256(BUILD_DIGEST + document).digest()
+
+
+class RenderMemo:
+    """Parents by digest, least recently used out first, bounded in bytes. A memo of no bytes
+    keeps nothing: every call computes afresh through the same code (the CLI, the tests)."""
+
+    def __init__(self, max_bytes: int = MEMO_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[bytes, ParentEntry] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return self._bytes
+
+    def holds(self, parent: dict[str, Any]) -> bool:
+        """Whether the parent's entry is here (looked up, not parsed, not moved)."""
+        with self._lock:
+            return _identity(parent)[1] in self._entries
+
+    def parent(self, parent: dict[str, Any]) -> ParentEntry:
+        """The parent's entry, parsing it on a miss."""
+        document, digest = _identity(parent)
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is not None:
+                self._entries.move_to_end(digest)
+                return entry
+        try:
+            parsed: InferaDeployment | str = InferaDeployment.from_parent(parent)
+        except SpecError as error:
+            parsed = str(error)
+        entry = ParentEntry(digest, parsed, PARSED_MODEL_FACTOR * len(document))
+        self._store(entry)
+        return entry
+
+    def rendered(self, entry: ParentEntry, inputs: Any, render: Callable[[], list[EncodedChild]]) -> list[EncodedChild]:
+        """The children `render` makes for this parent from `inputs` (plain JSON data: everything
+        else it reads), from the memo when these inputs were rendered before. A SpecError is
+        remembered and raised again."""
+        key = _key(inputs)
+        rendered = self._get(entry.renders, key)
+        if rendered is None:
+            try:
+                rendered = render()
+            except SpecError as error:
+                rendered = str(error)
+            self._add(entry, entry.renders, key, rendered)
+        if isinstance(rendered, str):
+            raise SpecError(rendered)
+        return rendered
+
+    def status(self, entry: ParentEntry, inputs: Any, roll_up: Callable[[], tuple[RolledUp, bool]]) -> RolledUp:
+        """The status `roll_up` makes for this parent from `inputs` (everything else it reads),
+        from the memo when it was rolled up from these inputs before. `roll_up` also says
+        whether its result may be kept: not when it read the clock (a condition changed, and
+        the same inputs later must get a later time)."""
+        key = _key(inputs)
+        rolled_up = self._get(entry.statuses, key)
+        if rolled_up is None:
+            rolled_up, keep = roll_up()
+            if keep:
+                self._add(entry, entry.statuses, key, rolled_up)
+        return rolled_up
+
+    def _get(self, table: "OrderedDict[bytes, Any]", key: bytes) -> Any:
+        with self._lock:
+            value = table.get(key)
+            if value is not None:
+                table.move_to_end(key)
+            return value
+
+    def _store(self, entry: ParentEntry) -> None:
+        with self._lock:
+            if entry.size > self.max_bytes or entry.digest in self._entries:
+                return
+            self._entries[entry.digest] = entry
+            self._bytes += entry.size
+            self._evict()
+
+    def _add(self, entry: ParentEntry, table: "OrderedDict[bytes, Any]", key: bytes, value: Any) -> None:
+        size = _size(value)
+        with self._lock:
+            if self._entries.get(entry.digest) is not entry or key in table:
+                return  # evicted meanwhile, or another request computed it
+            table[key] = value
+            entry.size += size
+            self._bytes += size
+            while len(table) > KEPT_PER_PARENT:
+                _, dropped = table.popitem(last=False)
+                entry.size -= _size(dropped)
+                self._bytes -= _size(dropped)
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.size
