@@ -20,7 +20,9 @@ Path = tuple[str, ...]
 
 def canonical_json(value: Any) -> bytes:
     try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        # A copy of exactly its length: orjson's own result keeps its whole write buffer (8 KiB
+        # for a 600-byte child), which a memoised child would hold for the worker's life.
+        return memoryview(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).tobytes()
     except TypeError:  # a lone surrogate or an integer beyond 64 bits: ASCII escapes hold any str
         return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
@@ -65,4 +67,5 @@ class EncodedChild:
 def sync_answer_json(status_json: bytes, children: Sequence[EncodedChild]) -> bytes:
     """canonical_json({"children": children, "status": status}) from the status's and each
     child's encoding."""
-    return b'{"children":[' + b",".join(child.body for child in children) + b'],"status":' + status_json + b"}"
+    parts = [b'{"children":[', b",".join([child.body for child in children]), b'],"status":', status_json, b"}"]
+    return b"".join(parts)

@@ -37,11 +37,14 @@ PARENT_FIELDS = tuple(ParentMeta.model_fields)
 # Renders and status roll-ups kept per parent: the current one and a few the observed children
 # may return to (an autoscaler moving between counts, a sync in flight with an older world).
 KEPT_PER_PARENT = 4
-# Per gunicorn worker, counted as the JSON the entries hold: room for about 1,500 PD graphs,
+# Per gunicorn worker, counted as the memory the entries take: room for about 800 PD graphs
+# (30 KB each: 12 KB of children, 7 KB of parsed model, the rest the status and bookkeeping),
 # and with the answer cache what keeps a worker under 100 MB (README, Performance).
-MEMO_BYTES = 16 * 1024 * 1024
-# A parsed InferaDeployment takes about five times the bytes of its JSON (tracemalloc, PD graph).
-PARSED_MODEL_FACTOR = 5
+MEMO_BYTES = 24 * 1024 * 1024
+# A parsed InferaDeployment takes about eight times the bytes of its JSON, and an encoded child
+# about 400 bytes beside its body (its identity and the fields it carries).
+PARSED_MODEL_FACTOR = 8
+CHILD_OVERHEAD = 400
 
 # Children, or the SpecError message the render raised (raised afresh each time).
 Rendered = list[EncodedChild] | str
@@ -67,11 +70,12 @@ class ParentEntry:
 
 
 def _size(value: Rendered | RolledUp) -> int:
+    """About the memory `value` takes (tracemalloc, PD graph)."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, tuple):
-        return len(value[1])
-    return sum(len(child.body) for child in value)
+    if isinstance(value, tuple):  # the status as a dict, three times its JSON, and the JSON
+        return 4 * len(value[1])
+    return sum(len(child.body) + CHILD_OVERHEAD for child in value)
 
 
 def _document(inputs: Any) -> bytes:

@@ -147,7 +147,7 @@ def test_the_memo_keeps_to_its_bound_least_recently_used_out() -> None:
         request = parse_request(request_body(small_parent(name)))
         reconcile.sync_answer(request, memo=memo)
         assert memo.size <= bound
-    # A PD graph's entry is about 13 KB: the last four fit, the first ones were evicted.
+    # A PD graph's entry counts about 25 KB: the last two fit, the first ones were evicted.
     kept = [name for name in names if memo.holds(small_parent(name))]
     assert kept == names[-len(kept) :] and 2 <= len(kept) < len(names)
 
