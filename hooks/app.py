@@ -39,7 +39,7 @@ def _reply(answer: dict[str, Any]) -> Reply:
 
 def _sync(request: HookRequest, memo: RenderMemo) -> Reply:
     answer = reconcile.sync_answer(request, memo=memo)
-    return answer.json(), observability.Summary(answer.status.get("state"), len(answer.children))
+    return answer.json(), observability.Summary(answer.state, len(answer.children))
 
 
 # Every hook is a pure function of the request (sync memoises its renders in the worker's memo),
@@ -104,9 +104,10 @@ class AnswerCache:
                 self._bytes -= len(evicted.body)
 
 
-# Per gunicorn worker: about 700 PD graphs' answers. A miss costs little more than the request's
-# decoding since the render memo holds the children and the status (README, Performance).
-ANSWER_CACHE_BYTES = 8 * 1024 * 1024
+# Per gunicorn worker: about 350 PD graphs' answers, the last ones resent. A miss costs little
+# more than decoding the request: the render memo holds the children and the status, and holds
+# a fleet's (README, Performance).
+ANSWER_CACHE_BYTES = 4 * 1024 * 1024
 
 
 def _etag(body: bytes) -> str:

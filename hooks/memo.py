@@ -34,13 +34,13 @@ def _code_digest() -> bytes:
 BUILD_DIGEST = _code_digest()
 # The parent's metadata a render reads (InferaDeployment.from_parent parses only these).
 PARENT_FIELDS = tuple(ParentMeta.model_fields)
-# Renders and status roll-ups kept per parent: the current one and a few the observed children
-# may return to (an autoscaler moving between counts, a sync in flight with an older world).
-KEPT_PER_PARENT = 4
-# Per gunicorn worker, counted as the memory the entries take: room for about 800 PD graphs
-# (30 KB each: 12 KB of children, 7 KB of parsed model, the rest the status and bookkeeping),
+# Renders and status roll-ups kept per parent: the current one and the one before, which the
+# observed children may return to (a sync in flight with an older world, a pod flapping).
+KEPT_PER_PARENT = 2
+# Per gunicorn worker, counted as the memory the entries take: room for about 1,200 PD graphs
+# (24 KB each: 12 KB of children, 7 KB of parsed model, the rest the status and bookkeeping),
 # and with the answer cache what keeps a worker under 100 MB (README, Performance).
-MEMO_BYTES = 24 * 1024 * 1024
+MEMO_BYTES = 28 * 1024 * 1024
 # A parsed InferaDeployment takes about eight times the bytes of its JSON, and an encoded child
 # about 400 bytes beside its body (its identity and the fields it carries).
 PARSED_MODEL_FACTOR = 8
@@ -48,8 +48,8 @@ CHILD_OVERHEAD = 400
 
 # Children, or the SpecError message the render raised (raised afresh each time).
 Rendered = list[EncodedChild] | str
-# A rolled-up status, as the answer carries it and as canonical JSON.
-RolledUp = tuple[dict[str, Any], bytes]
+# A rolled-up status: its state, and the status as canonical JSON.
+RolledUp = tuple[str | None, bytes]
 
 
 @dataclass
@@ -73,8 +73,8 @@ def _size(value: Rendered | RolledUp) -> int:
     """About the memory `value` takes (tracemalloc, PD graph)."""
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, tuple):  # the status as a dict, three times its JSON, and the JSON
-        return 4 * len(value[1])
+    if isinstance(value, tuple):
+        return len(value[1])
     return sum(len(child.body) + CHILD_OVERHEAD for child in value)
 
 

@@ -37,7 +37,7 @@ class RenderInputs:
 
     # The replicas each autoscaled service's workload has now.
     live_replicas: dict[str, int] = field(default_factory=dict)
-    # The workloads that exist (a worker pool waiting for the model download is not created).
+    # The workloads that exist, while the model downloads (a new worker pool waits for it).
     workloads: frozenset[tuple[str, str]] = frozenset()
     # The model cache's download phase (None without a model cache), the source digest each
     # service's workload mounts, and the observed Jobs by name as last applied.
@@ -48,10 +48,12 @@ class RenderInputs:
     @classmethod
     def of(cls, idep: InferaDeployment, observed: status.Observed) -> "RenderInputs":
         """From the observed children by (kind, name)."""
-        workloads = frozenset(key for key in observed if key[0] in vocabulary.WORKLOAD_KINDS)
         download = status.model_download(idep, observed)
         if download is None:
-            return cls(status.live_replicas(idep, observed), workloads)
+            return cls(status.live_replicas(idep, observed))
+        # Which workloads exist matters only while new worker pools wait for the download.
+        waiting = download.phase != "Ready"
+        workloads = frozenset(key for key in observed if waiting and key[0] in vocabulary.WORKLOAD_KINDS)
         jobs = {name: as_last_applied(child) for (kind, name), child in observed.items() if kind == "Job"}
         return cls(status.live_replicas(idep, observed), workloads, download.phase, download.mounted, jobs)
 
@@ -174,8 +176,8 @@ def _previous_status(request: HookRequest) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SyncAnswer:
-    status: dict[str, Any]
-    status_json: bytes  # canonical_json(status)
+    state: str | None
+    status_json: bytes  # the status as canonical JSON
     children: list[EncodedChild]
 
     def json(self) -> bytes:
@@ -214,8 +216,8 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
 
     def roll_up() -> tuple[RolledUp, bool]:
         clock = ReadClock(now)
-        rolled_up = status.as_wire(status.roll_up(idep, request.by_key, previous, clock, notices, unregistered))
-        return (rolled_up, canonical_json(rolled_up)), not clock.read
+        rolled_up = status.roll_up(idep, request.by_key, previous, clock, notices, unregistered)
+        return (rolled_up.state, canonical_json(status.as_wire(rolled_up))), not clock.read
 
     # The roll-up reads the previous conditions, and of each observed child its identity,
     # generation, replicas and status.
@@ -229,8 +231,8 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         ]
         for (kind, name), child in request.by_key.items()
     ]
-    wire, wire_json = memo.status(entry, [previous.get("conditions"), notices, unregistered, observed], roll_up)
-    return SyncAnswer(wire, wire_json, children)
+    state, status_json = memo.status(entry, [previous.get("conditions"), notices, unregistered, observed], roll_up)
+    return SyncAnswer(state, status_json, children)
 
 
 class ReadClock:
@@ -299,8 +301,6 @@ def _keep_observed(request: HookRequest, message: str, now: status.Clock) -> Syn
     """A bad spec fails loudly in status and keeps every observed child exactly as applied (an
     autoscaled workload at the autoscaler's count), creating nothing new."""
     generation = request.parent["metadata"].get("generation")
-    failed = status.as_wire(
-        status.failed(message, generation if isinstance(generation, int) else 0, _previous_status(request), now)
-    )
+    failed = status.failed(message, generation if isinstance(generation, int) else 0, _previous_status(request), now)
     kept = [encoded(child) for child in as_kept(request.children, request.children)]
-    return SyncAnswer(failed, canonical_json(failed), kept)
+    return SyncAnswer(failed.state, canonical_json(status.as_wire(failed)), kept)
