@@ -10,6 +10,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -115,7 +116,7 @@ OPTIONAL_OBJECT = (dict, type(None))
 
 def is_string_map(mapping: Any) -> bool:
     """Absent, or an object of strings: what labels and annotations may be."""
-    return mapping is None or (isinstance(mapping, dict) and all(isinstance(value, str) for value in mapping.values()))
+    return mapping is None or (isinstance(mapping, dict) and all(map(isinstance, mapping.values(), repeat(str))))
 
 
 # JSON can escape a lone UTF-16 surrogate (\ud800): it decodes to a str that no UTF-8 encoder

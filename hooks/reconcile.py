@@ -9,7 +9,7 @@ from typing import Any
 
 from hooks import admission, preflight, status, vocabulary
 from hooks.api import InferaDeployment, SpecError
-from hooks.contract import HookRequest, as_kept, as_last_applied, field_at
+from hooks.contract import HookRequest, as_kept, as_last_applied
 from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
@@ -220,13 +220,14 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         return (rolled_up.state, canonical_json(status.as_wire(rolled_up))), not clock.read
 
     # The roll-up reads the previous conditions, and of each observed child its identity,
-    # generation, replicas and status.
+    # generation, replicas and status (its metadata is an object, its spec one or none:
+    # contract.py checked).
     observed = [
         [
             kind,
             name,
-            field_at(child, "metadata", "generation"),
-            field_at(child, "spec", "replicas"),
+            child["metadata"].get("generation"),
+            (child.get("spec") or {}).get("replicas"),
             child.get("status"),
         ]
         for (kind, name), child in request.by_key.items()
