@@ -156,7 +156,11 @@ def _hook(
             return error_response(400, "request body is nested too deeply")
         parent = hook_request.parent
         outcome = "error"  # unless the handler answers
-        body, summary = handler(hook_request, memo)
+        try:
+            body, summary = handler(hook_request, memo)
+        except RecursionError:  # deeper than decoding allowed, as deep as encoding cannot go
+            outcome = "bad_request"
+            return error_response(400, "request body is nested too deeply")
         outcome = "failed" if summary.state == "failed" else "ok"
         response = Response(body, mimetype="application/json")
         if cache is not None and etag is not None:

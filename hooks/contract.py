@@ -8,6 +8,7 @@ only the objects matter, never the keys. Answers may hold only `status`, `childr
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -147,14 +148,15 @@ def decode(raw: bytes) -> Any:
 
     orjson reads every RFC 8259 document, the whole of what Metacontroller sends; it refuses
     the rest (a lone surrogate, NaN, UTF-16, nesting past 1,024 levels), which the standard
-    library then reads or refuses as it always has. They differ only on an integer beyond 64
-    bits, which orjson reads as a float: the API server has read it as one already (a
+    library then reads or refuses as it always has, except a number that is not finite (NaN,
+    Infinity, 1e400), which no Kubernetes object holds: refused. They differ only on an integer
+    beyond 64 bits, which orjson reads as a float: the API server has read it as one already (a
     Kubernetes object holds int64 or float64), so only a hand-written body can hold one."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
         pass
-    document = json.loads(raw)
+    document = finite_json(raw)
     if SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(document, "")) is not None:
         raise BadRequest(
             f"{where or 'the body'} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff), which is not text"
@@ -202,10 +204,25 @@ def recorded_configuration(child: dict[str, Any]) -> dict[str, Any] | None:
 
 def parse_recorded(recorded: str) -> dict[str, Any] | None:
     try:
-        applied = json.loads(recorded)
+        applied = finite_json(recorded)
     except (ValueError, RecursionError):
         return None
     return applied if isinstance(applied, dict) else None
+
+
+def finite_json(text: str | bytes) -> Any:
+    """json.loads, refusing a number that is not finite (BadRequest): answered again, a NaN
+    would be written as no JSON at all."""
+    return json.loads(text, parse_float=_finite, parse_constant=_not_finite)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    return value if math.isfinite(value) else _not_finite(text)
+
+
+def _not_finite(text: str) -> float:
+    raise BadRequest(f"the number {text} is not finite: JSON holds no NaN or Infinity")
 
 
 def as_last_applied(child: dict[str, Any]) -> dict[str, Any]:

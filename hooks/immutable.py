@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from hooks.contract import LAST_APPLIED_ANNOTATION, as_last_applied, parse_recorded
-from hooks.encoding import EncodedChild, Path, field_at_path
+from hooks.encoding import EncodedChild, Path, canonical_json, field_at_path
 from hooks.quantity import quantity_value
 
 # kind -> (path to the field, the spec field a user would have changed)
@@ -85,6 +85,10 @@ def _recorded_holds(recorded: str, path: Path) -> bool | None:
     return None if applied is None else field_at_path(applied, path) is not None
 
 
+def _verbatim(stored: Any, wanted: Any) -> bool:
+    return stored == wanted and canonical_json(stored) == canonical_json(wanted)
+
+
 def keep_immutable_fields(
     desired: list[EncodedChild], observed: dict[tuple[str, str], dict[str, Any]]
 ) -> tuple[list[EncodedChild], list[str]]:
@@ -131,7 +135,8 @@ def keep_immutable_fields(
                 )
             # Never applied (the API server filled it in): left out, the merge keeps it.
             changes[path] = stored if _applied(current, path) else REMOVED
-        if any(value is REMOVED or value != child.fields[path] for path, value in changes.items()):
+        # Verbatim: 1, 1.0 and True are equal in Python, not on the wire.
+        if any(value is REMOVED or not _verbatim(value, child.fields[path]) for path, value in changes.items()):
             body = child.decoded()
             for path, value in changes.items():
                 parent = field_at_path(body, path[:-1])

@@ -1,15 +1,18 @@
-"""The render memo: each parent's desired children, rendered and encoded once per worker.
+"""The render memo: each parent's desired children and status, computed once per worker.
 
 The desired children are a pure function of the parent's identity and spec, the kinds the
 CompositeController registers, and a few facts about the observed children (an autoscaler's
-live count, where the model download is). Almost every sync differs from the one before only
-in what the observed children report (a pod became ready, a resourceVersion moved), so those
-inputs repeat and their render is served from here; a sync then costs the status roll-up and
-the immutable-field check. Keys carry a digest of this build's code, and the memo lives in the
-worker's memory: a new build never sees an old build's renders.
+live count, where the model download is); the status, of the observed children's statuses and
+the previous conditions (and of the clock, when a condition changes). Almost every sync
+differs from the one before only in what the observed children report (a resourceVersion
+moved, a pod became ready), so those inputs repeat and are answered from here; a sync then
+costs decoding and checking the request and the immutable-field check. Keys carry a digest of
+this build's code, and the memo lives in the worker's memory: a new build never sees an old
+build's renders. It is bounded by the memory its entries take, least recently used out first.
 """
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,7 +23,7 @@ from typing import Any
 import orjson
 
 from hooks.api import InferaDeployment, ParentMeta, SpecError
-from hooks.encoding import EncodedChild, canonical_json
+from hooks.encoding import EncodedChild
 
 
 def _code_digest() -> bytes:
@@ -80,11 +83,12 @@ def _size(value: Rendered | RolledUp) -> int:
 
 def _document(inputs: Any) -> bytes:
     """Plain data as JSON, its keys in the order given: Metacontroller sends them sorted, and the
-    same data in another order only costs a render."""
+    same data in another order only costs a render. (Decoding refused every number orjson
+    would write as null.)"""
     try:
         return orjson.dumps(inputs)
-    except TypeError:  # what orjson cannot encode (a lone surrogate, an integer beyond 64 bits)
-        return canonical_json(inputs)
+    except TypeError:  # a lone surrogate, an integer beyond 64 bits, nesting past 254 levels
+        return json.dumps(inputs, separators=(",", ":")).encode()
 
 
 def _key(inputs: Any) -> bytes:

@@ -220,20 +220,18 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         return (rolled_up.state, canonical_json(status.as_wire(rolled_up))), not clock.read
 
     # The roll-up reads the previous conditions, and of each observed child its identity,
-    # generation, replicas and status (its metadata is an object, its spec one or none:
-    # contract.py checked).
+    # generation, replicas (whether set, too) and status (its metadata is an object, its spec
+    # one or none: contract.py checked).
     observed = [
-        [
-            kind,
-            name,
-            child["metadata"].get("generation"),
-            (child.get("spec") or {}).get("replicas"),
-            child.get("status"),
-        ]
+        [kind, name, child["metadata"].get("generation"), *_replicas(child.get("spec") or {}), child.get("status")]
         for (kind, name), child in request.by_key.items()
     ]
     state, status_json = memo.status(entry, [previous.get("conditions"), notices, unregistered, observed], roll_up)
     return SyncAnswer(state, status_json, children)
+
+
+def _replicas(spec: dict[str, Any]) -> tuple[bool, Any]:
+    return "replicas" in spec, spec.get("replicas")
 
 
 class ReadClock:

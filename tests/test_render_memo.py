@@ -203,3 +203,83 @@ def test_a_status_that_read_the_clock_is_not_kept() -> None:
     stamps = [{c["lastTransitionTime"] for c in answer["status"]["conditions"]} for answer in answers]
     assert stamps == [{"2026-11-30T12:00:00Z"}, {"2026-11-30T13:00:00Z"}]
     assert not memo.parent(small_parent("g")).statuses
+
+
+# Found by review: inputs the memo keys must tell apart, and what a fresh render would refuse.
+
+
+def test_numbers_that_are_not_finite_are_refused(hooks) -> None:
+    """orjson writes NaN and Infinity as null, so a memo key could not tell them from null:
+    the hook refuses them, as no Kubernetes object holds one."""
+    good = json.dumps(request_body(small_parent("g")))
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+        body = good.replace('"generation": 1', f'"generation": {number}', 1).encode()
+        reply = hooks.request("POST", "/sync", body)
+        assert (reply.status, reply.json) == (
+            400,
+            {"error": f"the number {number} is not finite: JSON holds no NaN or Infinity"},
+        )
+
+
+def test_a_replica_count_set_to_null_is_not_an_absent_one() -> None:
+    """The GAIE status reads an absent spec.replicas of the EPP as 1 and null as 0: the status
+    key holds whether it is set."""
+    obj = parent(REPO / "examples" / "gaie-pd.yaml")
+    composite = controller("gaie")
+    children = reconcile.sync(parse_request(request_body(obj, composite=composite)))["children"]
+    memo = RenderMemo()
+    for replicas in ("absent", None):
+        observed = observed_as_applied(children, {"readyReplicas": 1}, 2)
+        for child in observed:
+            if child["kind"] == "Deployment" and child["metadata"]["name"].endswith("-epp"):
+                child["spec"].pop("replicas", None)
+                if replicas != "absent":
+                    child["spec"]["replicas"] = replicas
+        body = request_body(obj, observed, composite=composite)
+        now = lambda: START  # noqa: E731
+        fresh = reconcile.sync_answer(parse_request(copy.deepcopy(body)), now, RenderMemo(0)).json()
+        assert reconcile.sync_answer(parse_request(body), now, memo).json() == fresh
+
+
+def test_nesting_too_deep_to_encode_is_a_bad_request(hooks) -> None:
+    """orjson decodes 1,024 levels, the standard library encodes about 990: a child's status
+    in between gets the 400 a too-deep body always got, not a 500."""
+    observed = observed_as_applied(reconcile.sync(parse_request(request_body(small_parent("g"))))["children"], {}, 2)
+    body = json.dumps(request_body(small_parent("g"), observed))
+    deep = "[" * 1000 + "]" * 1000
+    body = body.replace('"status": {}', f'"status": {{"x": {deep}}}', 1)
+    reply = hooks.request("POST", "/sync", body.encode())
+    assert (reply.status, reply.json) == (400, {"error": "request body is nested too deeply"})
+
+
+def test_an_immutable_field_is_kept_verbatim() -> None:
+    """1 and 1.0 are equal in Python, not on the wire: the stored value is answered as stored."""
+    from hooks.immutable import encoded, keep_immutable_fields
+
+    wanted = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "s"},
+        "spec": {"selector": {"a": "b"}, "volumeClaimTemplates": [{"spec": {"x": 1.0}}]},
+    }
+    stored = copy.deepcopy(wanted)
+    stored["spec"]["volumeClaimTemplates"] = [{"spec": {"x": 1}}]
+    stored["metadata"]["annotations"] = {LAST_APPLIED_ANNOTATION: json.dumps(wanted)}
+    (child,), notices = keep_immutable_fields([encoded(wanted)], {("StatefulSet", "s"): stored})
+    assert notices == [] and child.decoded()["spec"]["volumeClaimTemplates"] == [{"spec": {"x": 1}}]
+    assert b'"x":1}' in child.body
+
+
+def test_a_last_applied_record_holding_nan_is_no_record() -> None:
+    """Answered again, a NaN would be written as null (deleting the field): such a record is
+    ignored, and the child is kept as the API server holds it."""
+    from hooks.contract import as_last_applied
+
+    child = {
+        "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "metadata": {"name": "d", "annotations": {LAST_APPLIED_ANNOTATION: '{"spec": {"replicas": NaN}}'}},
+        "spec": {"replicas": 3},
+        "status": {"replicas": 3},
+    }
+    assert as_last_applied(child)["spec"] == {"replicas": 3}
