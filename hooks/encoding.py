@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from hooks.contract import field_at
 from hooks.vocabulary import SERVICE_LABEL
 
 Path = tuple[str, ...]
@@ -25,14 +26,6 @@ def canonical_json(value: Any) -> bytes:
         return memoryview(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).tobytes()
     except TypeError:  # a lone surrogate or an integer beyond 64 bits: ASCII escapes hold any str
         return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def field_at_path(obj: Any, path: Path) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +46,10 @@ class EncodedChild:
         return cls(
             child.get("kind"),
             child.get("apiVersion"),
-            field_at_path(child, ("metadata", "name")),
-            field_at_path(child, ("metadata", "labels", SERVICE_LABEL)),
+            field_at(child, "metadata", "name"),
+            field_at(child, "metadata", "labels", SERVICE_LABEL),
             canonical_json(child),
-            {path: field_at_path(child, path) for path in paths},
+            {path: field_at(child, *path) for path in paths},
         )
 
     def decoded(self) -> dict[str, Any]:

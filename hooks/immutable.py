@@ -9,8 +9,8 @@ Metacontroller replaces such lists wholesale, so anything less would be re-appli
 import functools
 from typing import Any
 
-from hooks.contract import LAST_APPLIED_ANNOTATION, as_last_applied, parse_recorded
-from hooks.encoding import EncodedChild, Path, canonical_json, field_at_path
+from hooks.contract import LAST_APPLIED_ANNOTATION, as_last_applied, field_at, parse_recorded
+from hooks.encoding import EncodedChild, Path, canonical_json
 from hooks.quantity import quantity_value
 
 # kind -> (path to the field, the spec field a user would have changed)
@@ -71,10 +71,10 @@ def encoded(child: dict[str, Any]) -> EncodedChild:
 
 def _applied(current: dict[str, Any], path: Path) -> bool:
     """Whether the hook applied `path` of this child, as its last-applied record says."""
-    recorded = field_at_path(current, ("metadata", "annotations", LAST_APPLIED_ANNOTATION))
+    recorded = field_at(current, "metadata", "annotations", LAST_APPLIED_ANNOTATION)
     if isinstance(recorded, str) and (applied := _recorded_holds(recorded, path)) is not None:
         return applied
-    return field_at_path(as_last_applied(current), path) is not None
+    return field_at(as_last_applied(current), *path) is not None
 
 
 @functools.lru_cache(maxsize=256)
@@ -82,7 +82,7 @@ def _recorded_holds(recorded: str, path: Path) -> bool | None:
     """Whether a last-applied record holds `path` (None: it is no record). Every sync brings
     the same records again, and parsing one costs more than the rest of this step."""
     applied = parse_recorded(recorded)
-    return None if applied is None else field_at_path(applied, path) is not None
+    return None if applied is None else field_at(applied, *path) is not None
 
 
 def _verbatim(stored: Any, wanted: Any) -> bool:
@@ -105,25 +105,25 @@ def keep_immutable_fields(
         replaced = [
             (path, spec_field)
             for path, spec_field in REPLACED_ON_CHANGE.get(child.kind, [])
-            if field_at_path(current, path) != child.fields[path]
+            if field_at(current, *path) != child.fields[path]
         ]
         if replaced:
             for path, spec_field in replaced:
                 notices.append(
-                    f"{label} is being replaced: {spec_field} changed from {field_at_path(current, path)} to "
+                    f"{label} is being replaced: {spec_field} changed from {field_at(current, *path)} to "
                     f"{child.fields[path]} ({'.'.join(path)} cannot change in place)"
                 )
             continue
         changes: dict[Path, Any] = {}
         for path, spec_field in GROW_ONLY.get(child.kind, []):
-            stored, wanted = field_at_path(current, path), child.fields[path]
+            stored, wanted = field_at(current, *path), child.fields[path]
             if isinstance(stored, str) and isinstance(wanted, str) and _smaller(wanted, stored):
                 notices.append(
                     f"{spec_field} not applied to {label}: {wanted} is less than its {stored}, which cannot shrink"
                 )
                 changes[path] = stored
         for path, spec_field in IMMUTABLE_FIELDS.get(child.kind, []):
-            stored, wanted = field_at_path(current, path), child.fields[path]
+            stored, wanted = field_at(current, *path), child.fields[path]
             # Left unset, what the API server filled in (a default storage class) stays: the
             # 3-way merge keeps a field never applied.
             if stored is None or wanted is None:
@@ -139,7 +139,7 @@ def keep_immutable_fields(
         if any(value is REMOVED or not _verbatim(value, child.fields[path]) for path, value in changes.items()):
             body = child.decoded()
             for path, value in changes.items():
-                parent = field_at_path(body, path[:-1])
+                parent = field_at(body, *path[:-1])
                 if value is REMOVED:
                     parent.pop(path[-1])
                 else:

@@ -91,15 +91,19 @@ def _document(inputs: Any) -> bytes:
         return json.dumps(inputs, separators=(",", ":")).encode()
 
 
+def _digest(document: bytes) -> bytes:
+    return hashlib.sha256(BUILD_DIGEST + document).digest()
+
+
 def _key(inputs: Any) -> bytes:
-    return hashlib.sha256(BUILD_DIGEST + _document(inputs)).digest()
+    return _digest(_document(inputs))
 
 
 def _identity(parent: dict[str, Any]) -> tuple[bytes, bytes]:
     """What a render reads of the parent, as JSON, and its digest."""
     metadata = parent.get("metadata") or {}
     document = _document([[[k, metadata[k]] for k in PARENT_FIELDS if k in metadata], parent.get("spec")])
-    return document, hashlib.sha256(BUILD_DIGEST + document).digest()
+    return document, _digest(document)
 
 
 class RenderMemo:

@@ -52,8 +52,11 @@ class RenderInputs:
         if download is None:
             return cls(status.live_replicas(idep, observed))
         # Which workloads exist matters only while new worker pools wait for the download.
-        waiting = download.phase != "Ready"
-        workloads = frozenset(key for key in observed if waiting and key[0] in vocabulary.WORKLOAD_KINDS)
+        workloads = (
+            frozenset(key for key in observed if key[0] in vocabulary.WORKLOAD_KINDS)
+            if download.phase != "Ready"
+            else frozenset()
+        )
         jobs = {name: as_last_applied(child) for (kind, name), child in observed.items() if kind == "Job"}
         return cls(status.live_replicas(idep, observed), workloads, download.phase, download.mounted, jobs)
 
@@ -255,7 +258,7 @@ def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: Render
 def default_budgets_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
     """Say that the default disruption budgets are missing, and why."""
     budget = vocabulary.BY_KIND["PodDisruptionBudget"]
-    if request.allows({"kind": budget.kind, "apiVersion": budget.api_version}):
+    if request.registers(budget.kind, budget.api_version):
         return []
     services = [
         service
