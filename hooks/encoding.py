@@ -52,10 +52,6 @@ class EncodedChild:
             {path: field_at(child, *path) for path in paths},
         )
 
-    def decoded(self) -> dict[str, Any]:
-        """A fresh dict of the child: changing it changes no memoised answer."""
-        return json.loads(self.body)
-
 
 def sync_answer_json(status_json: bytes, children: Sequence[EncodedChild]) -> bytes:
     """canonical_json({"children": children, "status": status}) from the status's and each

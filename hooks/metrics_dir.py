@@ -6,8 +6,8 @@ pod's /tmp, a 16 Mi in-memory volume, and two things would grow there without bo
 per InferaDeployment (an entry in every worker's files, never removed) and the files of every
 worker that ever died. So:
 
-- InferaDeployment states live in one SQLite table, a row per InferaDeployment that has not been
-  finalized, written only when a state changes;
+- InferaDeployment states live in one SQLite table, a row per InferaDeployment, which each
+  worker writes in batches;
 - the master folds a dead worker's counters and histograms into one `*_merged.db` file per type;
 - a scrape holds a shared lock and a fold an exclusive one, so no scrape counts a dead worker's
   calls twice or not at all (counters must never go down).
@@ -15,6 +15,7 @@ worker that ever died. So:
 
 import fcntl
 import glob
+import logging
 import os
 import shutil
 import sqlite3
@@ -86,21 +87,29 @@ def fold_dead_worker(directory: str, pid: int) -> None:
             os.remove(dead)
 
 
-# A row not refreshed for this long goes: the InferaDeployment was finalized through the other
+# A row not written for this long goes: the InferaDeployment was finalized through the other
 # hook replica, or is gone. Metacontroller resyncs every parent far more often than that.
 STATE_EXPIRY_SECONDS = 30 * 60
-# A row's last-seen time is rewritten at most this often: most calls only read.
-STATE_REFRESH_SECONDS = 60
+# A worker writes the states it answered at most this often, in one transaction: a call only
+# notes its state (a SQLite statement on every call was a tenth of a distinct sync's cost). A
+# state reaches /metrics this much later, at most.
+FLUSH_SECONDS = 0.5
 # Rows kept at most (about 80 bytes each); past that, new InferaDeployments are not recorded.
 MAX_STATES = 50_000
+
+log = logging.getLogger("hooks")
+Key = tuple[str, str]  # (namespace, name)
 
 
 class StateTable:
     """The state each InferaDeployment was last answered with: one row per InferaDeployment,
     shared by the workers (SQLite serialises their writes). `:memory:` outside `serve`.
 
-    Times are the monotonic clock's, which every process on the host shares: a wall clock
-    that jumps neither expires nor keeps rows."""
+    Each worker notes what it answered and writes its notes in batches, with the time of each
+    answer: the latest answer wins whichever worker writes last, and a finalized InferaDeployment
+    keeps a row without a state until it expires, so an earlier answer written later cannot bring
+    it back. Times are the monotonic clock's, which every process on the host shares: a wall
+    clock that jumps neither expires nor keeps rows."""
 
     def __init__(self, path: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
@@ -108,11 +117,13 @@ class StateTable:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._db: sqlite3.Connection | None = None
+        self._noted: dict[Key, tuple[str | None, float]] = {}
+        self._flush_timer: threading.Timer | None = None
 
     def _connection(self) -> sqlite3.Connection:
-        if self._pid != os.getpid():  # a connection must not cross a fork
+        if self._pid != os.getpid():  # a connection (or a timer) must not cross a fork
             db = sqlite3.connect(self.path, timeout=5, isolation_level=None, check_same_thread=False)
-            # Write-ahead logging: a scrape reading never blocks a hook call writing, and a worker
+            # Write-ahead logging: a scrape reading never blocks a worker writing, and a worker
             # killed mid-write leaves the table intact. The log is checkpointed at 256 pages and
             # truncated to 1 MiB; on a memory volume there is nothing to sync.
             for pragma in (
@@ -122,33 +133,75 @@ class StateTable:
                 "journal_size_limit=1048576",
             ):
                 db.execute(f"PRAGMA {pragma}")
+            # A finalized InferaDeployment's row has no state.
             db.execute(
-                "CREATE TABLE IF NOT EXISTS states (namespace TEXT NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,"
+                "CREATE TABLE IF NOT EXISTS states (namespace TEXT NOT NULL, name TEXT NOT NULL, state TEXT,"
                 " seen REAL NOT NULL, PRIMARY KEY (namespace, name)) WITHOUT ROWID"
             )
-            self._pid, self._db = os.getpid(), db
+            self._pid, self._db, self._noted, self._flush_timer = os.getpid(), db, {}, None
         assert self._db is not None
         return self._db
 
-    def set(self, namespace: str, name: str, state: str | None) -> bool:
-        """Record a state, or forget the InferaDeployment (None). Reads first: most calls
-        repeat the state already there, and a read takes no write lock. False when a new
-        InferaDeployment was not recorded because the table is full."""
+    def set(self, namespace: str, name: str, state: str | None) -> None:
+        """Note the state an InferaDeployment was answered with, or None when it was finalized:
+        written within FLUSH_SECONDS."""
         now = self._clock()
         with self._lock:
-            db = self._connection()
-            key = (namespace, name)
-            row = db.execute("SELECT state, seen FROM states WHERE namespace = ? AND name = ?", key).fetchone()
-            if state is None:
-                if row is not None:
-                    db.execute("DELETE FROM states WHERE namespace = ? AND name = ?", key)
-            elif row is None:
-                if db.execute("SELECT count(*) FROM states").fetchone()[0] >= MAX_STATES:
-                    return False
-                db.execute("INSERT INTO states VALUES (?, ?, ?, ?)", (*key, state, now))
-            elif row[0] != state or now - row[1] >= STATE_REFRESH_SECONDS:
-                db.execute("UPDATE states SET state = ?, seen = ? WHERE namespace = ? AND name = ?", (state, now, *key))
-        return True
+            self._connection()
+            self._noted[(namespace, name)] = (state, now)
+            timer = None
+            if self._flush_timer is None:
+                timer = self._flush_timer = threading.Timer(FLUSH_SECONDS, self.flush)
+                timer.daemon = True
+        # Started without the lock: in a gevent worker, starting a thread switches greenlets,
+        # and one that then waited for this (OS) lock would block the whole worker.
+        if timer is not None:
+            timer.start()
+
+    def flush(self) -> None:
+        """Write the noted states now. A failure is logged (the table's health is /healthz's):
+        the states are noted again on the next sync of each."""
+        with self._lock:
+            noted, self._noted, self._flush_timer = self._noted, {}, None
+            try:
+                full = self._write(self._connection(), noted)
+            except sqlite3.Error as error:
+                log.warning("could not record the states of %s InferaDeployments: %s", len(noted), error)
+                return
+        for namespace, name in full:
+            log.warning(
+                "not recording the state of %s/%s: %s states recorded already", namespace, name, f"{MAX_STATES:,}"
+            )
+
+    @staticmethod
+    def _write(db: sqlite3.Connection, noted: dict[Key, tuple[str | None, float]]) -> list[Key]:
+        """Write `noted` in one transaction, each unless a later answer is written already;
+        return those left out because the table is full."""
+        if not noted:
+            return []
+        full = []
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            room = MAX_STATES - db.execute("SELECT count(*) FROM states").fetchone()[0]
+            for key, (state, seen) in noted.items():
+                if (
+                    room < len(noted)
+                    and not db.execute("SELECT 1 FROM states WHERE namespace = ? AND name = ?", key).fetchone()
+                ):
+                    if room <= 0:
+                        full.append(key)
+                        continue
+                    room -= 1
+                db.execute(
+                    "INSERT INTO states VALUES (?, ?, ?, ?) ON CONFLICT (namespace, name) DO UPDATE"
+                    " SET state = excluded.state, seen = excluded.seen WHERE excluded.seen >= states.seen",
+                    (*key, state, seen),
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return full
 
     def check(self) -> None:
         """Raise sqlite3.Error unless the table can be read."""
@@ -156,8 +209,12 @@ class StateTable:
             self._connection().execute("SELECT 1 FROM states LIMIT 1").fetchall()
 
     def rows(self) -> list[tuple[str, str, str]]:
-        """Every recorded state, after dropping those not seen for STATE_EXPIRY_SECONDS."""
+        """Every recorded state (this worker's notes written first), after dropping rows not
+        written for STATE_EXPIRY_SECONDS."""
+        self.flush()
         with self._lock:
             db = self._connection()
             db.execute("DELETE FROM states WHERE seen < ?", (self._clock() - STATE_EXPIRY_SECONDS,))
-            return db.execute("SELECT namespace, name, state FROM states ORDER BY 1, 2").fetchall()
+            return db.execute(
+                "SELECT namespace, name, state FROM states WHERE state IS NOT NULL ORDER BY 1, 2"
+            ).fetchall()

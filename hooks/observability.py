@@ -5,11 +5,11 @@ import json
 import logging
 import os
 import sqlite3
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, get_args
 
 import orjson
@@ -79,18 +79,8 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
     metadata = (parent or {}).get("metadata") or {}
     state = summary.state if summary else None
     if summary is not None and (state in STATES or summary.finalized) and isinstance(metadata.get("name"), str):
-        namespace = str(metadata.get("namespace", ""))
-        try:
-            # A finalized InferaDeployment is gone: it has no state any more.
-            if not STATE_TABLE.set(namespace, metadata["name"], None if summary.finalized else state):
-                log.warning(
-                    "not recording the state of %s/%s: %s states recorded already",
-                    namespace,
-                    metadata["name"],
-                    f"{metrics_dir.MAX_STATES:,}",
-                )
-        except sqlite3.Error as error:  # the answer matters more than the metric; /healthz reports it
-            log.warning("could not record the state of %s/%s: %s", namespace, metadata["name"], error)
+        # A finalized InferaDeployment is gone: it has no state any more.
+        STATE_TABLE.set(str(metadata.get("namespace", "")), metadata["name"], None if summary.finalized else state)
     fields = {
         "hook": hook,
         "namespace": metadata.get("namespace"),
@@ -145,12 +135,24 @@ def storage_problem() -> str | None:
     return None
 
 
+@lru_cache(maxsize=1)
+def _utc_second(seconds: int) -> str:
+    # Most lines fall in the same second as the one before: the date is formatted once.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+
+
+def utc_timestamp(created: float) -> str:
+    """RFC 3339 UTC, to the microsecond: 2026-11-30T12:00:00.000123Z."""
+    seconds = int(created)
+    return f"{_utc_second(seconds)}.{int((created - seconds) * 1e6):06d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, structured fields, traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="microseconds")[:-6] + "Z",
+            "time": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -164,11 +166,27 @@ class JsonFormatter(logging.Formatter):
             return json.dumps(line, default=str)
 
 
+class JsonLineHandler(logging.StreamHandler):
+    """StreamHandler, flushing under the lock `handle` holds already: taking it again to flush
+    (a gevent lock, in a worker) was a fifth of what logging a hook call cost."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(self.format(record) + self.terminator)
+            self.stream.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"json": {"()": JsonFormatter}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+    "handlers": {
+        "stderr": {"class": "hooks.observability.JsonLineHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    },
     "root": {"level": "INFO", "handlers": ["stderr"]},
     "loggers": {
         "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},

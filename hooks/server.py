@@ -125,17 +125,19 @@ class BufferedBody:
         """Up to `limit` bytes (fewer if the body ends first), or None past the deadline."""
         import gevent  # only ever runs in a gevent worker
 
-        body = bytearray()
+        chunks, size = [], 0
         with gevent.Timeout(self.client_timeout, False):  # False: leave the block silently
             try:
-                while len(body) < limit:
-                    chunk = stream.read(min(READ_CHUNK_BYTES, limit - len(body)))
+                while size < limit:
+                    chunk = stream.read(min(READ_CHUNK_BYTES, limit - size))
                     if not chunk:
                         break
-                    body += chunk
+                    chunks.append(chunk)
+                    size += len(chunk)
             except TimeoutError:  # the socket's own deadline, as long as this one
                 return None
-            return bytes(body)
+            # Most bodies arrive as one chunk: kept as it is, not copied.
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return None
 
 
@@ -150,7 +152,7 @@ def serve(options: ServeOptions) -> None:
     from gunicorn.workers.ggevent import GeventWorker
 
     from hooks.app import HOOKS, create_app
-    from hooks.observability import LOGGING, record
+    from hooks.observability import LOGGING, STATE_TABLE, record
 
     def refused(path: str, outcome: str) -> None:
         hook = path.strip("/")
@@ -198,6 +200,9 @@ def serve(options: ServeOptions) -> None:
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
             self.cfg.set("child_exit", lambda _server, worker: fold(worker.pid))
+            # A worker leaving writes the states it noted last (a killed one loses at most
+            # FLUSH_SECONDS of them, noted again on each one's next sync).
+            self.cfg.set("worker_exit", lambda _server, _worker: STATE_TABLE.flush())
             if "control_socket_disable" in self.cfg.settings:
                 # Unused, and it would need a writable home directory.
                 self.cfg.set("control_socket_disable", True)

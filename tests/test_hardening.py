@@ -21,7 +21,7 @@ from hooks.app import create_app
 from hooks.observability import JsonFormatter
 from tests.support.prerequisites import REPO, need
 from tests.support.requests import PD, parent, request_body
-from tests.support.service import HookClient, read_reply, running_server, scrape, start_server
+from tests.support.service import HookClient, read_reply, running_server, scrape, start_server, state_series
 
 README = (REPO / "README.md").read_text()
 
@@ -187,14 +187,14 @@ def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
         client.sync(bad)
         client.request("POST", "/sync", b"{not json")
         samples = scrape(client)
+        # The last call for ml/qwen-pd failed: its one series says so.
+        failed = {'infera_inferadeployment_state{name="qwen-pd",namespace="ml",state="failed"}': 1}
+        states = state_series(client, lambda series: series == failed)
     assert samples['infera_hook_requests_total{hook="sync",outcome="ok"}'] == 10
     assert samples['infera_hook_requests_total{hook="sync",outcome="failed"}'] == 1
     assert samples['infera_hook_requests_total{hook="sync",outcome="bad_request"}'] == 1
     assert samples['infera_hook_duration_seconds_count{hook="sync",outcome="ok"}'] == 10
-    # The last call for ml/qwen-pd failed: its one series says so.
-    assert {name: value for name, value in samples.items() if name.startswith("infera_inferadeployment_state")} == {
-        'infera_inferadeployment_state{name="qwen-pd",namespace="ml",state="failed"}': 1
-    }
+    assert states == failed
 
 
 def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
@@ -329,15 +329,27 @@ def test_answer_cache_is_bounded_and_least_recently_used_first_out() -> None:
     from hooks.app import Answer, AnswerCache
     from hooks.observability import Summary
 
-    cache = AnswerCache(max_bytes=10)
+    cache = AnswerCache(max_bytes=10, max_sightings=2)
     answer = lambda size: Answer(b"x" * size, "ok", {}, Summary("ready", 1))  # noqa: E731
-    cache.put("a", answer(4))
-    cache.put("b", answer(4))
+
+    def answered(etag: str, size: int, times: int = 2) -> None:
+        for _ in range(times):
+            cache.put(etag, answer(size))
+
+    answered("a", 4, times=1)
+    assert cache.get("a") is None  # answered once: not kept
+    answered("a", 4, times=1)
+    assert cache.get("a") is not None  # its request came again: kept
+    answered("b", 4)
     assert cache.get("a") is not None  # a is now the most recently used
-    cache.put("c", answer(4))  # 12 bytes > 10: b goes
+    answered("c", 4)  # 12 bytes > 10: b goes
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
-    cache.put("huge", answer(11))  # larger than the whole cache: never kept
+    answered("huge", 11)  # larger than the whole cache: never kept
     assert cache.get("huge") is None
+    # Sightings are bounded too, oldest out: d's is gone when it comes again.
+    for etag in ("d", "e", "f", "d"):
+        answered(etag, 1, times=1)
+    assert cache.get("d") is None
 
 
 def test_repeated_requests_are_answered_identically(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,19 @@ def scrape(client: HookClient) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             samples[name] = float(value)
     return samples
+
+
+def state_series(client: HookClient, expected: Callable[[dict[str, float]], bool]) -> dict[str, float]:
+    """The infera_inferadeployment_state samples once `expected` holds of them (each worker
+    writes the states it answered within metrics_dir.FLUSH_SECONDS), or as they are after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        series = {
+            name: value for name, value in scrape(client).items() if name.startswith("infera_inferadeployment_state")
+        }
+        if expected(series) or time.monotonic() > deadline:
+            return series
+        time.sleep(0.1)
 
 
 def read_reply(connection: socket.socket) -> bytes:
