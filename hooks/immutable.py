@@ -99,7 +99,12 @@ def keep_immutable_fields(
     answer, notices = [], []
     for child in desired:
         current = observed.get((child.kind, child.name)) if child.kind in WATCHED_PATHS else None
-        if current is None:
+        # Most children hold what they were rendered with, and none of their fields is set
+        # from what is stored: nothing to check further.
+        if current is None or (
+            child.kind not in IMMUTABLE_FIELDS
+            and all(field_at(current, *path) == value for path, value in child.fields.items())
+        ):
             answer.append(child)
             continue
         label = f"{child.kind} {child.name}"
