@@ -125,10 +125,17 @@ ANSWER_CACHE_BYTES = 4 * 1024 * 1024
 ANSWER_CACHE_SIGHTINGS = 4096
 
 
+@functools.cache
+def _etag_prefix(path: str) -> "hashlib._Hash":
+    return hashlib.sha256(BUILD_DIGEST + b"\0" + path.encode() + b"\0")
+
+
 def _etag(body: bytes) -> str:
     # An ETag names the answer to one request body for one hook, by this build of the code.
-    digest = hashlib.sha256(BUILD_DIGEST + b"\0" + request.path.encode() + b"\0" + body).hexdigest()
-    return f'"{digest[:40]}"'
+    # (The prefix's state is copied, not the body: that copy was a tenth of the ETag's cost.)
+    digest = _etag_prefix(request.path).copy()
+    digest.update(body)
+    return f'"{digest.hexdigest()[:40]}"'
 
 
 def _not_modified(etag: str) -> bool:
