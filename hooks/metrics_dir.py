@@ -118,10 +118,11 @@ class StateTable:
         self._pid: int | None = None
         self._db: sqlite3.Connection | None = None
         self._noted: dict[Key, tuple[str | None, float]] = {}
+        self._noted_pid = os.getpid()
         self._flush_timer: threading.Timer | None = None
 
     def _connection(self) -> sqlite3.Connection:
-        if self._pid != os.getpid():  # a connection (or a timer) must not cross a fork
+        if self._pid != os.getpid():  # a connection must not cross a fork
             db = sqlite3.connect(self.path, timeout=5, isolation_level=None, check_same_thread=False)
             # Write-ahead logging: a scrape reading never blocks a worker writing, and a worker
             # killed mid-write leaves the table intact. The log is checkpointed at 256 pages and
@@ -138,7 +139,7 @@ class StateTable:
                 "CREATE TABLE IF NOT EXISTS states (namespace TEXT NOT NULL, name TEXT NOT NULL, state TEXT,"
                 " seen REAL NOT NULL, PRIMARY KEY (namespace, name)) WITHOUT ROWID"
             )
-            self._pid, self._db, self._noted, self._flush_timer = os.getpid(), db, {}, None
+            self._pid, self._db = os.getpid(), db
         assert self._db is not None
         return self._db
 
@@ -147,7 +148,9 @@ class StateTable:
         written within FLUSH_SECONDS."""
         now = self._clock()
         with self._lock:
-            self._connection()
+            # Never the database here: a table that cannot be opened must not fail the answer.
+            if self._noted_pid != os.getpid():  # notes (and a timer) do not cross a fork
+                self._noted, self._noted_pid, self._flush_timer = {}, os.getpid(), None
             self._noted[(namespace, name)] = (state, now)
             timer = None
             if self._flush_timer is None:
@@ -163,6 +166,8 @@ class StateTable:
         the states are noted again on the next sync of each."""
         with self._lock:
             noted, self._noted, self._flush_timer = self._noted, {}, None
+            if not noted:
+                return
             try:
                 full = self._write(self._connection(), noted)
             except sqlite3.Error as error:
@@ -177,8 +182,6 @@ class StateTable:
     def _write(db: sqlite3.Connection, noted: dict[Key, tuple[str | None, float]]) -> list[Key]:
         """Write `noted` in one transaction, each unless a later answer is written already;
         return those left out because the table is full."""
-        if not noted:
-            return []
         full = []
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -189,7 +192,8 @@ class StateTable:
                     and not db.execute("SELECT 1 FROM states WHERE namespace = ? AND name = ?", key).fetchone()
                 ):
                     if room <= 0:
-                        full.append(key)
+                        if state is not None:  # a finalized one not recorded is as good as gone
+                            full.append(key)
                         continue
                     room -= 1
                 db.execute(
@@ -199,7 +203,8 @@ class StateTable:
                 )
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # SQLite rolls some failures back itself
+                db.execute("ROLLBACK")
             raise
         return full
 

@@ -176,6 +176,13 @@ def serve(options: ServeOptions) -> None:
         except Exception:
             log.exception("could not fold the metrics of dead worker %s", pid)
 
+    def write_noted_states() -> None:
+        # A worker leaving writes the states it noted last (a killed one loses at most
+        # FLUSH_SECONDS of them, noted again on each one's next sync). gunicorn also calls this
+        # in the master, for a worker already gone: the master notes nothing.
+        if os.getpid() != master:
+            STATE_TABLE.flush()
+
     class HookLogger(glogging.Logger):
         """gunicorn's logger without its access log: every hook call logs one line already,
         and probes every few seconds would drown them. (Configured logging turns gunicorn's
@@ -200,9 +207,7 @@ def serve(options: ServeOptions) -> None:
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
             self.cfg.set("child_exit", lambda _server, worker: fold(worker.pid))
-            # A worker leaving writes the states it noted last (a killed one loses at most
-            # FLUSH_SECONDS of them, noted again on each one's next sync).
-            self.cfg.set("worker_exit", lambda _server, _worker: STATE_TABLE.flush())
+            self.cfg.set("worker_exit", lambda _server, _worker: write_noted_states())
             if "control_socket_disable" in self.cfg.settings:
                 # Unused, and it would need a writable home directory.
                 self.cfg.set("control_socket_disable", True)

@@ -461,6 +461,17 @@ def test_the_latest_answer_wins_whichever_worker_writes_last(tmp_path: Path) -> 
     assert first.rows() == second.rows() == [("ml", "a", "ready")]
 
 
+def test_a_state_table_that_cannot_be_opened_fails_no_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from hooks import metrics_dir
+
+    table = metrics_dir.StateTable(str(tmp_path / "missing" / metrics_dir.STATES_FILE))
+    table.set("ml", "a", "ready")  # noted: the answer goes out
+    table.flush()
+    assert [record.getMessage() for record in caplog.records] == [
+        "could not record the states of 1 InferaDeployments: unable to open database file"
+    ]
+
+
 def test_a_noted_state_is_written_within_the_flush_interval(tmp_path: Path) -> None:
     from hooks import metrics_dir
 
