@@ -68,19 +68,19 @@ def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
         # A key of anything but strings is in no table: only strings are looked up.
         strings = tuple(key for key in keys if isinstance(key[0], str) and isinstance(key[1], str))
         # A hand-written list may be huge: only a list a CompositeController could hold is kept.
-        return (
-            _registered_kinds(strings) if len(strings) <= len(CHILD_KINDS) else _registered_kinds.__wrapped__(strings)
-        )
+        return _registered_kinds(strings) if len(strings) <= len(CHILD_KINDS) else _kinds_of(strings)
     children = body.get("children")
     if isinstance(children, dict) and children:
         return frozenset(tuple(key.split(".", 1)) for key in children if "." in key)
     return None
 
 
-@functools.lru_cache(maxsize=16)
-def _registered_kinds(keys: tuple[tuple[str, str], ...]) -> frozenset[Kind]:
-    # Every request of a CompositeController lists the same child resources.
+def _kinds_of(keys: tuple[tuple[Any, Any], ...]) -> frozenset[Kind]:
     return frozenset((CHILD_KINDS[key], key[0]) for key in keys if key in CHILD_KINDS)
+
+
+# Every request of a CompositeController lists the same child resources.
+_registered_kinds = functools.lru_cache(maxsize=16)(_kinds_of)
 
 
 def _objects(group: Any, where: str) -> list[dict[str, Any]]:
