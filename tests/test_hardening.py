@@ -215,6 +215,56 @@ def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
     assert any(line["logger"] == "gunicorn.error" and "Booting worker" in line["message"] for line in lines)
 
 
+@pytest.fixture
+def hooks_logging_at_info() -> Any:
+    logger = logging.getLogger("hooks")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield
+    logger.setLevel(level)
+
+
+def test_a_call_line_is_written_straight_to_stderr_in_the_log_format(
+    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
+) -> None:
+    """The call line bypasses `logging` (for speed) but keeps its format and level switch."""
+    import io
+
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    client = create_app().test_client()
+    assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
+    (line,) = [json.loads(text) for text in stderr.getvalue().splitlines()]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line.pop("time"))
+    assert line.pop("duration_ms") > 0
+    assert line == {
+        "level": "info",
+        "logger": "hooks",
+        "message": "hook call",
+        "hook": "sync",
+        "namespace": "ml",
+        "name": "qwen-pd",
+        "generation": 1,
+        "children": 11,
+        "state": "initializing",
+        "outcome": "ok",
+    }
+    logging.getLogger("hooks").setLevel(logging.WARNING)  # as in the CLI and tests: no line
+    assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
+    assert stderr.getvalue().count("\n") == 1
+
+
+def test_a_call_line_that_cannot_be_written_fails_no_call(
+    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
+) -> None:
+    import io
+
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stderr", closed)
+    assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
+
+
 def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any) -> dict:
         raise FileNotFoundError(2, "No such file or directory", "/srv/hooks/secret/path.json")
