@@ -94,12 +94,12 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
 def _write_call_line(fields: dict[str, Any]) -> None:
     """The call's line, as JsonFormatter would format it, on stderr (where LOGGING sends every
     line). Not through `logging`: making a record, walking the handlers and taking their locks
-    was 3% of a distinct sync's CPU, for a line whose shape never changes."""
+    cost about 11 µs of a distinct sync's 745 µs of CPU, for a line whose shape never changes."""
     line = {"time": utc_timestamp(time.time()), "level": "info", "logger": log.name, "message": "hook call"}
     try:
         sys.stderr.write(_json_line(line | fields) + "\n")
         sys.stderr.flush()
-    except (OSError, ValueError):  # stderr closed or broken: a lost line must not fail the call
+    except Exception:  # no stderr, a closed or broken one: a lost line must not fail the call
         pass
 
 

@@ -254,14 +254,24 @@ def test_a_call_line_is_written_straight_to_stderr_in_the_log_format(
     assert stderr.getvalue().count("\n") == 1
 
 
-def test_a_call_line_that_cannot_be_written_fails_no_call(
-    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
-) -> None:
+class BrokenPipe:
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def closed_stream() -> Any:
     import io
 
-    closed = io.StringIO()
-    closed.close()
-    monkeypatch.setattr(sys, "stderr", closed)
+    stream = io.StringIO()
+    stream.close()
+    return stream
+
+
+@pytest.mark.parametrize("stderr", [None, closed_stream(), BrokenPipe()], ids=["none", "closed", "broken-pipe"])
+def test_a_call_line_that_cannot_be_written_fails_no_call(
+    stderr: Any, monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
+) -> None:
+    monkeypatch.setattr(sys, "stderr", stderr)
     assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
 
 
