@@ -197,20 +197,24 @@ def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
     assert states == failed
 
 
+# What the call line of a first sync of the PD example says (beside its time and duration).
+PD_FIRST_SYNC_LINE = {
+    "hook": "sync",
+    "namespace": "ml",
+    "name": "qwen-pd",
+    "generation": 1,
+    "children": 11,
+    "state": "initializing",
+    "outcome": "ok",
+}
+
+
 def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
     with start_server(tmp_path) as url:
         HookClient(url).sync(parent(PD))
     lines = [json.loads(line) for line in (tmp_path).glob("server-*.log").__next__().read_text().splitlines() if line]
     (call,) = [line for line in lines if line.get("message") == "hook call"]
-    assert {k: call[k] for k in ("hook", "namespace", "name", "generation", "children", "state", "outcome")} == {
-        "hook": "sync",
-        "namespace": "ml",
-        "name": "qwen-pd",
-        "generation": 1,
-        "children": 11,
-        "state": "initializing",
-        "outcome": "ok",
-    }
+    assert {k: call[k] for k in PD_FIRST_SYNC_LINE} == PD_FIRST_SYNC_LINE
     assert call["duration_ms"] > 0 and call["level"] == "info"
     assert any(line["logger"] == "gunicorn.error" and "Booting worker" in line["message"] for line in lines)
 
@@ -237,18 +241,7 @@ def test_a_call_line_is_written_straight_to_stderr_in_the_log_format(
     (line,) = [json.loads(text) for text in stderr.getvalue().splitlines()]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line.pop("time"))
     assert line.pop("duration_ms") > 0
-    assert line == {
-        "level": "info",
-        "logger": "hooks",
-        "message": "hook call",
-        "hook": "sync",
-        "namespace": "ml",
-        "name": "qwen-pd",
-        "generation": 1,
-        "children": 11,
-        "state": "initializing",
-        "outcome": "ok",
-    }
+    assert line == {"level": "info", "logger": "hooks", "message": "hook call", **PD_FIRST_SYNC_LINE}
     logging.getLogger("hooks").setLevel(logging.WARNING)  # as in the CLI and tests: no line
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
     assert stderr.getvalue().count("\n") == 1
