@@ -126,21 +126,20 @@ ANSWER_CACHE_SIGHTINGS = 4096
 
 
 @functools.cache
-def _etag_prefix(path: str) -> "hashlib._Hash":
-    return hashlib.sha256(BUILD_DIGEST + b"\0" + path.encode() + b"\0")
+def _etag_prefix(hook: str) -> "hashlib._Hash":
+    return hashlib.sha256(BUILD_DIGEST + b"\0" + hook.encode() + b"\0")
 
 
-def _etag(body: bytes) -> str:
+def _etag(hook: str, body: bytes) -> str:
     # An ETag names the answer to one request body for one hook, by this build of the code.
     # (The prefix's state is copied, not the body: that copy was a tenth of the ETag's cost.)
-    digest = _etag_prefix(request.path).copy()
+    digest = _etag_prefix(hook).copy()
     digest.update(body)
     return f'"{digest.hexdigest()[:40]}"'
 
 
-def _not_modified(etag: str) -> bool:
+def _not_modified(etag: str, wanted: str) -> bool:
     # Only an exact match: `*` would answer 304 to a request whose answer was never sent.
-    wanted = request.headers.get("If-None-Match", "")
     return etag in (tag.strip() for tag in wanted.split(","))
 
 
@@ -156,13 +155,14 @@ def _hook(
     try:
         if not request.is_json:
             return error_response(415, "Content-Type must be application/json")
-        raw = request.environ.get(BUFFERED_BODY)
+        environ = request.environ
+        raw = environ.get(BUFFERED_BODY)
         if raw is None:  # not served through BufferedBody (the Flask test client)
             raw = request.get_data()
         etag = None
         if cache is not None:
-            etag = _etag(raw)
-            if _not_modified(etag):
+            etag = _etag(name, raw)
+            if _not_modified(etag, environ.get("HTTP_IF_NONE_MATCH", "")):
                 outcome = "not_modified"
                 return Response(status=304, headers={"ETag": etag})
             cached = cache.get(etag)

@@ -1,9 +1,11 @@
 """Production hardening: bearer auth, HTTPS, ETags, metrics, JSON logs, graceful shutdown, image lint."""
 
+import io
 import json
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -18,7 +20,7 @@ import pytest
 
 from hooks import app as app_module
 from hooks.app import create_app
-from hooks.observability import JsonFormatter
+from hooks.observability import CALL_LINES, JsonFormatter, LineBatch, StderrHandler
 from tests.support.prerequisites import REPO, need
 from tests.support.requests import PD, parent, request_body
 from tests.support.service import HookClient, read_reply, running_server, scrape, start_server, state_series
@@ -228,23 +230,65 @@ def hooks_logging_at_info() -> Any:
     logger.setLevel(level)
 
 
-def test_a_call_line_is_written_straight_to_stderr_in_the_log_format(
+def test_a_call_line_reaches_stderr_in_the_log_format_unprompted(
     monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
 ) -> None:
-    """The call line bypasses `logging` (for speed) but keeps its format and level switch."""
-    import io
-
+    """The call line bypasses `logging` (for speed) but keeps its format and level switch, and
+    is written within CALL_LINES_SECONDS with nothing else happening."""
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
     client = create_app().test_client()
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
+    deadline = time.monotonic() + 10
+    while not stderr.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
     (line,) = [json.loads(text) for text in stderr.getvalue().splitlines()]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line.pop("time"))
     assert line.pop("duration_ms") > 0
     assert line == {"level": "info", "logger": "hooks", "message": "hook call", **PD_FIRST_SYNC_LINE}
     logging.getLogger("hooks").setLevel(logging.WARNING)  # as in the CLI and tests: no line
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
+    CALL_LINES.flush()
     assert stderr.getvalue().count("\n") == 1
+
+
+class Writes(io.StringIO):
+    """A stream that keeps each write apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_lines_are_written_in_whole_lines_of_at_most_a_batch_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write never passes the batch size (PIPE_BUF in `serve`: the workers' lines never
+    interleave) unless one line alone does, never splits a line, and keeps the order."""
+    stderr = Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    batch = LineBatch(max_bytes=100, seconds=3600)
+    lines = [f"{i:02d}{'x' * 27}\n" for i in range(10)] + ["y" * 150 + "\n", "é" * 40 + "\n", "z\n"]
+    for line in lines:
+        batch.add(line)
+    batch.flush()
+    assert stderr.writes == ["".join(lines[0:3]), "".join(lines[3:6]), "".join(lines[6:9]), lines[9], lines[10], lines[11] + lines[12]]
+    assert all(len(text.encode()) <= 100 for text in stderr.writes if text != lines[10])
+    assert CALL_LINES.max_bytes == select.PIPE_BUF
+
+
+def test_a_log_record_follows_the_call_lines_before_it(
+    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
+) -> None:
+    stderr = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    handler = StderrHandler(stderr)
+    handler.setFormatter(JsonFormatter())
+    assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
+    handler.handle(logging.makeLogRecord({"name": "hooks", "levelname": "WARNING", "msg": "after the call"}))
+    assert [json.loads(text)["message"] for text in stderr.getvalue().splitlines()] == ["hook call", "after the call"]
 
 
 class BrokenPipe:
@@ -253,8 +297,6 @@ class BrokenPipe:
 
 
 def closed_stream() -> Any:
-    import io
-
     stream = io.StringIO()
     stream.close()
     return stream
@@ -266,6 +308,7 @@ def test_a_call_line_that_cannot_be_written_fails_no_call(
 ) -> None:
     monkeypatch.setattr(sys, "stderr", stderr)
     assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
+    CALL_LINES.flush()  # the line is lost, quietly
 
 
 def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -369,6 +412,9 @@ def test_sigterm_answers_the_calls_already_queued(tmp_path: Path) -> None:
             call.close()
         assert server.process.wait(timeout=30) == 0
     assert replies == [b"HTTP/1.1 200 OK"] * 10
+    # No call line is lost when the worker leaves.
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line]
+    assert sum(line["message"] == "hook call" for line in lines) == 10
 
 
 def test_dockerfile_passes_hadolint() -> None:
