@@ -274,7 +274,14 @@ def test_lines_are_written_in_whole_lines_of_at_most_a_batch_in_order(monkeypatc
     for line in lines:
         batch.add(line)
     batch.flush()
-    assert stderr.writes == ["".join(lines[0:3]), "".join(lines[3:6]), "".join(lines[6:9]), lines[9], lines[10], lines[11] + lines[12]]
+    assert stderr.writes == [
+        "".join(lines[0:3]),
+        "".join(lines[3:6]),
+        "".join(lines[6:9]),
+        lines[9],
+        lines[10],
+        lines[11] + lines[12],
+    ]
     assert all(len(text.encode()) <= 100 for text in stderr.writes if text != lines[10])
     assert CALL_LINES.max_bytes == select.PIPE_BUF
 
