@@ -144,7 +144,11 @@ class LineBatch:
         # Started without the lock: in a gevent worker, starting a thread switches greenlets,
         # and one that then waited for this (OS) lock would block the whole worker.
         if timer is not None:
-            timer.start()
+            try:
+                timer.start()
+            except RuntimeError:  # no thread to be had: the next line tries again
+                with self._lock:
+                    self._timer = None
 
     def flush(self) -> None:
         """Write the pending lines now."""

@@ -13,14 +13,16 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hooks import app as app_module
+from hooks import observability
 from hooks.app import create_app
-from hooks.observability import CALL_LINES, JsonFormatter, LineBatch, StderrHandler
+from hooks.observability import JsonFormatter, LineBatch, StderrHandler
 from tests.support.prerequisites import REPO, need
 from tests.support.requests import PD, parent, request_body
 from tests.support.service import HookClient, read_reply, running_server, scrape, start_server, state_series
@@ -230,16 +232,28 @@ def hooks_logging_at_info() -> Any:
     logger.setLevel(level)
 
 
+@pytest.fixture
+def call_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[LineBatch]:
+    """A batch of call lines of this test's own, written only when flushed or full."""
+    batch = LineBatch(select.PIPE_BUF, seconds=3600)
+    monkeypatch.setattr(observability, "CALL_LINES", batch)
+    yield batch
+    if batch._timer is not None:
+        batch._timer.cancel()
+
+
 def test_a_call_line_reaches_stderr_in_the_log_format_unprompted(
     monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
 ) -> None:
     """The call line bypasses `logging` (for speed) but keeps its format and level switch, and
     is written within CALL_LINES_SECONDS with nothing else happening."""
+    assert observability.CALL_LINES_SECONDS == 0.1
+    monkeypatch.setattr(observability, "CALL_LINES", LineBatch(select.PIPE_BUF, observability.CALL_LINES_SECONDS))
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
     client = create_app().test_client()
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 2
     while not stderr.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)
     (line,) = [json.loads(text) for text in stderr.getvalue().splitlines()]
@@ -248,7 +262,7 @@ def test_a_call_line_reaches_stderr_in_the_log_format_unprompted(
     assert line == {"level": "info", "logger": "hooks", "message": "hook call", **PD_FIRST_SYNC_LINE}
     logging.getLogger("hooks").setLevel(logging.WARNING)  # as in the CLI and tests: no line
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
-    CALL_LINES.flush()
+    observability.CALL_LINES.flush()
     assert stderr.getvalue().count("\n") == 1
 
 
@@ -265,12 +279,15 @@ class Writes(io.StringIO):
 
 
 def test_lines_are_written_in_whole_lines_of_at_most_a_batch_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write never passes the batch size (PIPE_BUF in `serve`: the workers' lines never
-    interleave) unless one line alone does, never splits a line, and keeps the order."""
+    """A write never passes the batch size in bytes (PIPE_BUF in `serve`: the workers' lines
+    never interleave) unless one line alone does, never splits a line, and keeps the order."""
     stderr = Writes()
     monkeypatch.setattr(sys, "stderr", stderr)
     batch = LineBatch(max_bytes=100, seconds=3600)
-    lines = [f"{i:02d}{'x' * 27}\n" for i in range(10)] + ["y" * 150 + "\n", "é" * 40 + "\n", "z\n"]
+    lines = [f"{i:02d}{'x' * 27}\n" for i in range(10)]  # 30 bytes each: three to a batch
+    lines += ["y" * 150 + "\n"]  # alone larger than a batch
+    lines += ["é" * 30 + "\n", "w" * 45 + "\n"]  # 107 bytes together (but 77 characters)
+    lines += ["v" * 53 + "\n"]  # with the line before, exactly 100 bytes
     for line in lines:
         batch.add(line)
     batch.flush()
@@ -280,20 +297,23 @@ def test_lines_are_written_in_whole_lines_of_at_most_a_batch_in_order(monkeypatc
         "".join(lines[6:9]),
         lines[9],
         lines[10],
-        lines[11] + lines[12],
+        lines[11],
+        lines[12] + lines[13],
     ]
-    assert all(len(text.encode()) <= 100 for text in stderr.writes if text != lines[10])
-    assert CALL_LINES.max_bytes == select.PIPE_BUF
+    assert observability.CALL_LINES.max_bytes == select.PIPE_BUF
+    assert batch._timer is not None
+    batch._timer.cancel()
 
 
 def test_a_log_record_follows_the_call_lines_before_it(
-    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
+    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None, call_lines: LineBatch
 ) -> None:
     stderr = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stderr)
     handler = StderrHandler(stderr)
     handler.setFormatter(JsonFormatter())
     assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
+    assert stderr.getvalue() == ""  # the call line is pending
     handler.handle(logging.makeLogRecord({"name": "hooks", "levelname": "WARNING", "msg": "after the call"}))
     assert [json.loads(text)["message"] for text in stderr.getvalue().splitlines()] == ["hook call", "after the call"]
 
@@ -311,11 +331,12 @@ def closed_stream() -> Any:
 
 @pytest.mark.parametrize("stderr", [None, closed_stream(), BrokenPipe()], ids=["none", "closed", "broken-pipe"])
 def test_a_call_line_that_cannot_be_written_fails_no_call(
-    stderr: Any, monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
+    stderr: Any, monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None, call_lines: LineBatch
 ) -> None:
     monkeypatch.setattr(sys, "stderr", stderr)
     assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
-    CALL_LINES.flush()  # the line is lost, quietly
+    call_lines.flush()  # the line is lost, quietly
+    assert call_lines._lines == []
 
 
 def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
