@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from hooks.flush_timer import FlushTimer
+
 PREFIX = "infera-hooks-metrics-"
 STATES_FILE = "inferadeployment-states.sqlite"
 LOCK_FILE = "scrape.lock"
@@ -119,7 +121,7 @@ class StateTable:
         self._db: sqlite3.Connection | None = None
         self._noted: dict[Key, tuple[str | None, float]] = {}
         self._noted_pid = os.getpid()
-        self._flush_timer: threading.Timer | None = None
+        self._flush_timer = FlushTimer(FLUSH_SECONDS, self.flush)
 
     def _connection(self) -> sqlite3.Connection:
         if self._pid != os.getpid():  # a connection must not cross a fork
@@ -150,22 +152,16 @@ class StateTable:
         with self._lock:
             # Never the database here: a table that cannot be opened must not fail the answer.
             if self._noted_pid != os.getpid():  # notes (and a timer) do not cross a fork
-                self._noted, self._noted_pid, self._flush_timer = {}, os.getpid(), None
+                self._noted, self._noted_pid = {}, os.getpid()
+                self._flush_timer = FlushTimer(FLUSH_SECONDS, self.flush)
             self._noted[(namespace, name)] = (state, now)
-            timer = None
-            if self._flush_timer is None:
-                timer = self._flush_timer = threading.Timer(FLUSH_SECONDS, self.flush)
-                timer.daemon = True
-        # Started without the lock: in a gevent worker, starting a thread switches greenlets,
-        # and one that then waited for this (OS) lock would block the whole worker.
-        if timer is not None:
-            timer.start()
+        self._flush_timer.due()
 
     def flush(self) -> None:
         """Write the noted states now. A failure is logged (the table's health is /healthz's):
         the states are noted again on the next sync of each."""
         with self._lock:
-            noted, self._noted, self._flush_timer = self._noted, {}, None
+            noted, self._noted = self._noted, {}
             if not noted:
                 return
             try:

@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from hooks import metrics_dir
 from hooks.api import State
+from hooks.flush_timer import FlushTimer
 
 STATES = get_args(State)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -121,11 +122,10 @@ class LineBatch:
 
     def __init__(self, max_bytes: int, seconds: float) -> None:
         self.max_bytes = max_bytes
-        self.seconds = seconds
         self._lines: list[str] = []
         self._bytes = 0
-        self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
+        self._flush_timer = FlushTimer(seconds, self.flush)
 
     def add(self, line: str) -> None:
         """Write `line` (whole lines, ending in a newline) within `seconds`."""
@@ -135,29 +135,11 @@ class LineBatch:
                 self._write()
             self._lines.append(line)
             self._bytes += size
-            timer = None
-            # One timer at a time, left running by a write of a full batch: under load, far
-            # fewer timers than batches.
-            if self._timer is None:
-                timer = self._timer = threading.Timer(self.seconds, self._timed_flush)
-                timer.daemon = True
-        # Started without the lock: in a gevent worker, starting a thread switches greenlets,
-        # and one that then waited for this (OS) lock would block the whole worker.
-        if timer is not None:
-            try:
-                timer.start()
-            except RuntimeError:  # no thread to be had: the next line tries again
-                with self._lock:
-                    self._timer = None
+        self._flush_timer.due()
 
     def flush(self) -> None:
         """Write the pending lines now."""
         with self._lock:
-            self._write()
-
-    def _timed_flush(self) -> None:
-        with self._lock:
-            self._timer = None
             self._write()
 
     def _write(self) -> None:

@@ -13,7 +13,6 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,13 +232,11 @@ def hooks_logging_at_info() -> Any:
 
 
 @pytest.fixture
-def call_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[LineBatch]:
+def call_lines(monkeypatch: pytest.MonkeyPatch) -> LineBatch:
     """A batch of call lines of this test's own, written only when flushed or full."""
     batch = LineBatch(select.PIPE_BUF, seconds=3600)
     monkeypatch.setattr(observability, "CALL_LINES", batch)
-    yield batch
-    if batch._timer is not None:
-        batch._timer.cancel()
+    return batch
 
 
 def test_a_call_line_reaches_stderr_in_the_log_format_unprompted(
@@ -301,8 +298,6 @@ def test_lines_are_written_in_whole_lines_of_at_most_a_batch_in_order(monkeypatc
         lines[12] + lines[13],
     ]
     assert observability.CALL_LINES.max_bytes == select.PIPE_BUF
-    assert batch._timer is not None
-    batch._timer.cancel()
 
 
 def test_a_log_record_follows_the_call_lines_before_it(
