@@ -13,10 +13,11 @@ is what the hook's own work costs. Three loads of a converged PD-graph sync:
 - churn: every request distinct with a workload's status moved too, so the status is rolled
   up again (the children still come from the memo).
 
-Rounds alternate between the servers and the loads; each figure is the median round's. It
-prints throughput and p50/p99 latency of each, the latency of a 200-service graph, and each
-worker's resident memory once 4,000 distinct graphs have filled its memo and answer cache,
-with the ratios and the targets.
+Rounds alternate between the servers and the loads; each figure is the median round's, and
+each round's ratio is printed too (their spread is the machine's noise). It prints throughput
+and p50/p99 latency of each, the latency of a 200-service graph, and each worker's resident
+memory once 4,000 distinct graphs have filled its memo and answer cache, with the ratios and
+the targets.
 """
 
 import argparse
@@ -318,6 +319,14 @@ def main() -> None:
     for row in [header, *rows]:
         verdict = {True: "ok", False: "MISSED", None: ""}.get(row[5], row[5])
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row[:5], widths, strict=True)) + f"  {verdict}")
+    # Each round ran both servers back to back: its ratio shows how far the machine's noise
+    # moves one run's figure.
+    for mode in ("steady", "distinct", "churn"):
+        pairs = zip(results[(mode, hooks_port)], results[(mode, floor_port)], strict=True)
+        print(
+            f"{mode}: each round's throughput ratio, in the order run: "
+            + " ".join(f"{h[0] / f[0]:.3f}" for h, f in pairs)
+        )
 
 
 if __name__ == "__main__":
