@@ -2,8 +2,8 @@
 
     python tests/fetch_shared.py [--into DIR]
 
-writes DIR/schemas/ (the CRDs of LeaderWorkerSet, InferencePool, HTTPRoute and Metacontroller's controllers,
-each from its project's release) and DIR/upstream/ (AMD-AGI/Infera at commit 5890f7f: its CRD, examples,
+writes DIR/schemas/ (the CRDs of LeaderWorkerSet, InferencePool, HTTPRoute, Metacontroller's controllers and
+the Prometheus Operator's PodMonitor, ServiceMonitor and PrometheusRule, each from its project's release) and DIR/upstream/ (AMD-AGI/Infera at commit 5890f7f: its CRD, examples,
 operator sources, runtime and manual pages, and the SGLang 0.5.17 and vLLM 0.25.1 option lists, generated
 from their PyPI wheels). Everything is downloaded into a staging folder under DIR and moved into place at
 the end, so an interrupted run leaves DIR as it was. A folder that already holds the fetched files is left
@@ -60,6 +60,14 @@ SCHEMAS: dict[str, tuple[str, str, str]] = {
         "v4.17.2",
         "manifests/production/metacontroller-crds-v1.yaml",
     ),
+    **{
+        f"{kind}.yaml": (
+            "prometheus-operator/prometheus-operator",
+            "v0.93.0",
+            f"example/prometheus-operator-crd/monitoring.coreos.com_{kind}s.yaml",
+        )
+        for kind in ("podmonitor", "servicemonitor", "prometheusrule")
+    },
 }
 
 INFERA_REPO = "AMD-AGI/Infera"
