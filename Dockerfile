@@ -1,12 +1,15 @@
 # The hook image: `infera-hooks serve` under gunicorn, as a non-root user, on port 8080.
-FROM python:3.11-slim
+# The base is pinned to one Python release on one Debian release, so that a rebuild gets the
+# same interpreter; add its digest (@sha256:...) where your registry policy asks for one.
+FROM python:3.11.14-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# Exactly what .dockerignore lets into the build context.
+COPY pyproject.toml README.md LICENSE ./
 COPY hooks ./hooks
 RUN pip install --no-cache-dir . \
     && rm -rf /src
