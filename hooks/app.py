@@ -118,7 +118,7 @@ class AnswerCache:
 
 # Per gunicorn worker: about 350 PD graphs' answers, the last ones resent. A miss costs little
 # more than decoding the request: the render memo holds the children and the status, and holds
-# a fleet's (README, Performance).
+# a fleet's (docs/performance.md).
 ANSWER_CACHE_BYTES = 4 * 1024 * 1024
 # ETags of requests answered once, to recognise a second sighting: a fleet's worth of parents
 # between two resyncs of one, in about 0.5 MiB.

@@ -42,7 +42,7 @@ PARENT_FIELDS = tuple(ParentMeta.model_fields)
 KEPT_PER_PARENT = 2
 # Per gunicorn worker, counted as the memory the entries take: room for about 1,200 PD graphs
 # (24 KB each: 12 KB of children, 7 KB of parsed model, the rest the status and bookkeeping),
-# and with the answer cache what keeps a worker under 100 MB (README, Performance).
+# and with the answer cache what keeps a worker under 100 MB (docs/performance.md).
 MEMO_BYTES = 28 * 1024 * 1024
 # A parsed InferaDeployment takes about eight times the bytes of its JSON, and an encoded child
 # about 400 bytes beside its body (its identity and the fields it carries).

@@ -116,7 +116,8 @@ def rendezvous_flags(idep: InferaDeployment, svc: ServiceSpec) -> list[str]:
     The LeaderWorkerSet controller injects LWS_LEADER_ADDRESS and LWS_WORKER_INDEX into every
     pod and kubelet expands `$(VAR)` in the command, so no shell wrapper is needed. A flag the
     user already passes in args is left to them. vLLM spans nodes with a Ray cluster whose
-    leader and workers run different commands: nothing is injected for it (see the README).
+    leader and workers run different commands: nothing is injected for it (docs/pods.md,
+    "Multi-node worker pools").
     """
     if svc.number_of_nodes == 1 or idep.spec.backend_framework != "sglang":
         return []

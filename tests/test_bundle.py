@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from hooks.server import GRACEFUL_TIMEOUT_SECONDS
+from tests.support.checkout import copy_checkout
+from tests.support.docs import readme_overlay_script
 from tests.support.prerequisites import REPO, need_kubectl, need_schemas
 from tests.support.requests import RESOURCE_KINDS
 from tests.support.schemas import validate_object
@@ -79,7 +81,9 @@ def test_hook_deployment_is_locked_down_and_probed(bundle) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
-    assert container["image"] == "infera-hooks:0.1.0"
+    # A reserved domain until you name your registry: a pull fails loudly, and no registry a node
+    # searches for short names can serve someone else's image under it.
+    assert container["image"] == "registry.example.com/infera-hooks:0.1.0"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -109,11 +113,6 @@ def render_overlay(tmp_path: Path, kustomization: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
-def readme_overlay() -> str:
-    section = (REPO / "README.md").read_text().split("## Optional child kinds", 1)[1]
-    return re.search(r"```yaml\n(.*?)```", section, flags=re.S).group(1)
-
-
 @pytest.mark.parametrize(
     ("components", "registered"),
     [(["lws"], CORE + LWS), (["gaie"], CORE + GAIE), (["lws", "gaie"], CORE + LWS + GAIE)],
@@ -135,10 +134,43 @@ def test_components_add_their_kinds(tmp_path: Path, components: list[str], regis
     assert all(c["updateStrategy"] == {"method": "InPlace"} for c in children)
 
 
-def test_readme_overlay_enables_both_components(tmp_path: Path) -> None:
-    objects = render_overlay(tmp_path, readme_overlay())
+def test_readme_overlay_works_wherever_the_clone_is(tmp_path: Path) -> None:
+    """The README's overlay script, run from a clone under any name: it writes an overlay beside
+    the clone that builds with both components."""
+    kubectl = need_kubectl()
+    clone = copy_checkout(tmp_path / "any name for a clone")
+    subprocess.run(["bash", "-c", readme_overlay_script()], cwd=clone, check=True, capture_output=True)
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path / "infera-install")], capture_output=True, text=True, check=True
+    ).stdout
+    objects = [doc for doc in yaml.safe_load_all(rendered) if doc]
     (composite,) = [obj for obj in objects if obj["kind"] == "CompositeController"]
     assert [(c["apiVersion"], c["resource"]) for c in composite["spec"]["childResources"]] == CORE + LWS + GAIE
+
+
+def test_a_component_alone_renders_nothing() -> None:
+    """Why the README says components only work inside an overlay."""
+    kubectl = need_kubectl()
+    alone = subprocess.run(
+        [kubectl, "kustomize", str(REPO / "metacontroller" / "components" / "lws")], capture_output=True, text=True
+    )
+    assert (alone.returncode, alone.stdout.strip()) == (0, "")
+
+
+def test_the_readme_image_step_names_your_image(tmp_path: Path) -> None:
+    """Setting `newName` under `images` in kustomization.yaml, as the README says, is all it takes."""
+    kubectl = need_kubectl()
+    clone = copy_checkout(tmp_path / "clone")
+    kustomization = (clone / "kustomization.yaml").read_text()
+    edited = re.sub(r"newName: \S+", "newName: registry.internal:5000/ml/infera-hooks", kustomization)
+    assert edited != kustomization
+    (clone / "kustomization.yaml").write_text(edited)
+    rendered = subprocess.run([kubectl, "kustomize", str(clone)], capture_output=True, text=True, check=True).stdout
+    (deployment,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment"]
+    assert (
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "registry.internal:5000/ml/infera-hooks:0.1.0"
+    )
 
 
 def test_network_policy_and_disruption_budget(bundle) -> None:

@@ -1,44 +1,66 @@
-"""The README's commands are the real ones: its curl call works, CI runs its test command."""
+"""The README and docs/ tell the truth: the README is a short front door whose every command
+runs (here, in another test, or in CI) or is a cluster step naming what the bundle installs;
+every link resolves and every page is reachable; the reference tables are what the hook renders."""
 
 import json
 import re
 import shlex
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
-from tests.support.prerequisites import REPO, need, need_schemas
+import yaml
+
+from tests.support.docs import (
+    DOCS,
+    README,
+    commands,
+    readme_curl,
+    readme_overlay_script,
+    readme_render,
+    section,
+    setup_commands,
+    shell_blocks,
+)
+from tests.support.prerequisites import REPO, need, need_kubectl, need_schemas
 from tests.support.requests import controller, load_yaml, parent
 
-README = (REPO / "README.md").read_text()
+# The README stays a front door: what it is, trying it, installing, checking, uninstalling, links.
+README_MAX_LINES = 200
 
 
-def shell_blocks() -> list[str]:
-    return re.findall(r"```sh\n(.*?)```", README, flags=re.S)
-
-
-def setup_section() -> str:
-    return README.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+def test_readme_is_a_short_front_door() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) < README_MAX_LINES
+    headings = [line for line in lines if line.startswith("## ")]
+    assert headings == [
+        "## Set up on a fresh machine",
+        "## Try it without a cluster",
+        "## Install on a cluster",
+        "## Check and troubleshoot",
+        "## Uninstall",
+        "## Documentation",
+        "## License",
+    ]
 
 
 def test_exactly_two_setup_commands() -> None:
-    commands = re.findall(r"```sh\n(.*?)\n```", setup_section().split("Poke a running hook")[0], flags=re.S)
-    assert len(commands) == 2
-    serve, test = commands
-    assert serve.endswith("infera-hooks serve")
-    assert test.endswith("pytest")
+    serve, test = setup_commands()
+    assert serve == "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/infera-hooks serve"
+    assert test == "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/pytest"
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    test_command = re.findall(r"```sh\n(.*?)\n```", setup_section(), flags=re.S)[1]
+    _, test = setup_commands()
     ci = (REPO / ".ci" / "run").read_text()
-    assert test_command in ci.splitlines()
+    assert test in ci.splitlines()
     assert "INFERA_REQUIRE_ALL=1" in ci
 
 
 def test_readme_curl_call_answers_with_the_pd_graph(hook_url: str) -> None:
     need(shutil.which("curl") is not None, "curl is not on PATH")
-    (command,) = [line for block in shell_blocks() for line in block.splitlines() if line.startswith("curl ")]
-    argv = [arg.replace("http://127.0.0.1:8080", hook_url) for arg in shlex.split(command)]
+    argv = [arg.replace("http://127.0.0.1:8080", hook_url) for arg in shlex.split(readme_curl())]
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
     answer = json.loads(result.stdout)
     assert set(answer) == {"children", "status"}
@@ -52,11 +74,137 @@ def test_curl_request_body_matches_the_example_and_bundle() -> None:
     assert body["parent"]["spec"] == load_yaml(REPO / "examples" / "pd-disaggregated.yaml")[0]["spec"]
 
 
-# --- "What runs in each pod" is what the hook renders -----------------------------------------
+def test_readme_render_command_previews_the_pd_graph() -> None:
+    argv = shlex.split(readme_render())
+    assert argv[0] == ".venv/bin/infera-hooks"
+    executable = Path(sys.executable).with_name("infera-hooks")
+    result = subprocess.run([str(executable), *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr) == (0, "qwen-pd: initializing: creating 3 services\n")
+    assert len([doc for doc in yaml.safe_load_all(result.stdout) if doc]) == 11
+
+
+# A command run against a cluster, which this suite cannot run: Docker builds and pushes,
+# kubectl talking to an API server.
+CLUSTER_STEP = re.compile(r"^(docker build |kubectl (apply|get|describe|wait|delete|-n \S+ logs) )")
+
+
+def test_every_readme_command_runs_or_is_a_cluster_step() -> None:
+    """Each command either runs in a test (or in CI), or is a cluster step whose files and
+    objects exist: a new command must be run by a test or named a cluster step here."""
+    kubectl = need_kubectl()
+    run_by_tests = {*setup_commands(), readme_curl(), readme_render(), readme_overlay_script()}
+    written = [c for block in shell_blocks(README.read_text()) for c in commands(block)]
+    cluster_steps = [c for c in written if c not in run_by_tests]
+    assert set(written) >= run_by_tests
+    assert [c for c in cluster_steps if not CLUSTER_STEP.match(c)] == []
+    bundle = subprocess.run([kubectl, "kustomize", str(REPO)], capture_output=True, text=True, check=True).stdout
+    objects = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in yaml.safe_load_all(bundle)}
+    crd = yaml.safe_load((REPO / "crds" / "infera.amd.com_inferadeployments.yaml").read_text())
+    for step in cluster_steps:
+        words = shlex.split(step)
+        if "-f" in words:
+            assert (REPO / words[words.index("-f") + 1]).is_file(), step
+        if "-k" in words and words[words.index("-k") + 1] == ".":
+            assert ("CompositeController", None, "inferadeployment-controller") in objects, step
+        if "idep" in words or any(word.startswith("idep/") for word in words):
+            assert "idep" in crd["spec"]["names"]["shortNames"], step
+        if "--for=condition=Ready" in words:
+            status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            assert "conditions" in status["properties"], step
+        if "logs" in words:
+            namespace, target = words[words.index("-n") + 1], words[words.index("logs") + 1]
+            assert ("Deployment", namespace, target.removeprefix("deploy/")) in objects, step
+
+
+# --- links --------------------------------------------------------------------------------------
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    seen: dict[str, int] = {}
+    found = set()
+    for match in re.finditer(r"^#+ (.*)$", text, flags=re.M):
+        base = slug(match.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def pages() -> list[Path]:
+    return [README, REPO / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+
+
+def local_links(page: Path) -> list[tuple[Path, str]]:
+    """(file, anchor) of each link to this repository in `page`."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    links = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        links.append(((page.parent / path).resolve() if path else page, anchor))
+    return links
+
+
+def test_every_link_resolves() -> None:
+    broken = []
+    for page in pages():
+        for path, anchor in local_links(page):
+            if not path.exists() or (anchor and anchor not in anchors(path)):
+                broken.append(f"{page.relative_to(REPO)}: {path.relative_to(REPO)}#{anchor}")
+    assert broken == []
+
+
+def test_every_page_of_the_docs_is_reachable_from_the_readme() -> None:
+    reached, pending = {README}, [README]
+    while pending:
+        for path, _ in local_links(pending.pop()):
+            if path.suffix == ".md" and path not in reached:
+                reached.add(path)
+                pending.append(path)
+    assert sorted(p.name for p in DOCS.glob("*.md") if p not in reached) == []
+
+
+def test_the_moved_reference_is_in_the_docs() -> None:
+    """What the README held before it became a front door, each in its page."""
+    for page, heading in [
+        ("api.md", "What an InferaDeployment becomes"),
+        ("api.md", "Status"),
+        ("api.md", "Bad input"),
+        ("pods.md", "Multi-node worker pools"),
+        ("operations.md", "Limits"),
+        ("operations.md", "HTTPS without cert-manager"),
+        ("operations.md", "Observability"),
+        ("operations.md", "Sizing Metacontroller for a fleet"),
+        ("teardown.md", "Uninstalling"),
+        ("migration.md", "Coming from the upstream operator"),
+        ("development.md", "Layout"),
+        ("performance.md", "A fleet"),
+    ]:
+        assert section(DOCS / page, heading).strip(), (page, heading)
+
+
+def test_the_layout_names_every_module() -> None:
+    layout = section(DOCS / "development.md", "Layout")
+    modules = [p for p in (REPO / "hooks").glob("*.py") if p.name != "__init__.py"]
+    missing = [p.name for p in modules if p.name not in layout and p.stem not in layout]
+    assert missing == []
+
+
+# --- docs/pods.md: "What runs in each pod" is what the hook renders -----------------------------------------
 
 
 def pod_section() -> str:
-    return README.split("### What runs in each pod", 1)[1].split("\n### ", 1)[0]
+    return section(DOCS / "pods.md", "What runs in each pod").split("\n## Multi-node worker pools", 1)[0]
 
 
 def table(text: str) -> list[list[str]]:
@@ -76,7 +224,7 @@ def words(cell: str, values: dict[str, str]) -> list[str]:
 
 
 def test_what_runs_in_each_pod_is_what_the_hook_renders(hooks) -> None:
-    """Each injected command is the README's start, then its rows in their order: no more, no less."""
+    """Each injected command is the page's start, then its rows in their order: no more, no less."""
     need_schemas()
     section = pod_section()
     starts = {row[0]: row[2] for row in table(section)}

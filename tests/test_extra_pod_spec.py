@@ -538,7 +538,7 @@ def test_a_worker_without_probes_listens_where_it_likes(hooks) -> None:
 
 
 def test_the_vllm_multi_node_recipe_is_accepted(hooks) -> None:
-    """README: a Ray head and workers, each template's command given by a patch."""
+    """docs/pods.md: a Ray head and workers, each template's command given by a patch."""
     need_schemas()
     obj = as_vllm(parent(PD))
     decode = obj["spec"]["services"]["decode"]

@@ -22,11 +22,10 @@ from hooks import app as app_module
 from hooks import observability
 from hooks.app import create_app
 from hooks.observability import JsonFormatter, LineBatch, StderrHandler
+from tests.support.docs import DOCS, section, shell_blocks
 from tests.support.prerequisites import REPO, need
 from tests.support.requests import PD, parent, request_body
 from tests.support.service import HookClient, read_reply, running_server, scrape, start_server, state_series
-
-README = (REPO / "README.md").read_text()
 
 
 def authed(client: HookClient, token: str | None, path: str = "/sync") -> int:
@@ -122,8 +121,7 @@ def test_token_rotation_follows_content_and_a_monotonic_clock(tmp_path: Path) ->
 
 
 def readme_tls_recipe() -> list[str]:
-    section = README.split("### HTTPS without cert-manager", 1)[1]
-    (block,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)[:1]
+    (block,) = shell_blocks(section(DOCS / "operations.md", "HTTPS without cert-manager"))
     return [line for line in block.splitlines() if line.startswith("openssl") or line.startswith("printf")]
 
 

@@ -33,7 +33,7 @@ def upstream_graph(hooks) -> Metacontroller:
 
 
 def test_unlabelled_children_are_released_not_taken_over(hooks) -> None:
-    """Why the README's migration labels them first: Metacontroller releases them (they would no
+    """Why docs/migration.md labels them first: Metacontroller releases them (they would no
     longer go with the InferaDeployment), creating their namesakes fails, and the old pods keep
     running untracked."""
     mc = upstream_graph(hooks)
@@ -50,7 +50,7 @@ def test_unlabelled_children_are_released_not_taken_over(hooks) -> None:
 
 def test_children_with_the_upstream_selector_are_replaced_and_the_rest_updated(hooks) -> None:
     mc = upstream_graph(hooks)
-    for child in mc.children.values():  # the README's `kubectl label ... controller-uid=<uid>`
+    for child in mc.children.values():  # docs/migration.md's `kubectl label ... controller-uid=<uid>`
         child["metadata"]["labels"]["controller-uid"] = mc.uid
     # The first sync lets go of every child whose selector is not its own (the simulator, like
     # the API server, refuses a workload's selector change), and takes over the rest in place.

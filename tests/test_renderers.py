@@ -327,7 +327,7 @@ def test_operator_env_per_process(process: Process, spec: dict[str, Any], expect
 
 
 def test_spec_envs_sit_between_the_budget_and_the_runtimes_variables() -> None:
-    """As the README orders them: spec.envs may raise the budget (which keeps its first place),
+    """As docs/pods.md orders them: spec.envs may raise the budget (which keeps its first place),
     but the broker url and pod identity the runtime reads are the operator's."""
     envs = [{"name": "HF_HOME", "value": "/m"}, {"name": "POD_IP", "value": "1.2.3.4"}, READY | {"value": "9000"}]
     expected = [READY | {"value": "9000"}, {"name": "HF_HOME", "value": "/m"}, POD_ENV[2], NATS_ENV, *POD_ENV[:2]]
