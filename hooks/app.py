@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
@@ -39,7 +40,9 @@ def _reply(answer: dict[str, Any]) -> Reply:
 
 def _sync(request: HookRequest, memo: RenderMemo) -> Reply:
     answer = reconcile.sync_answer(request, memo=memo)
-    return answer.json(), observability.Summary(answer.state, len(answer.children))
+    # Only a failed answer's message is read back: the log line gives it as the reason.
+    reason = orjson.loads(answer.status_json).get("message") if answer.state == "failed" else None
+    return answer.json(), observability.Summary(answer.state, len(answer.children), reason=reason)
 
 
 # Every hook is a pure function of the request (sync memoises its renders in the worker's memo),
@@ -152,9 +155,16 @@ def _hook(
     parent: dict | None = None
     summary: observability.Summary | None = None
     outcome = "bad_request"  # until the request has parsed
+
+    def refuse(status: int, message: str) -> Response:
+        """A request that is no hook request: answered with its reason, which its log line says."""
+        nonlocal outcome, summary
+        outcome, summary = "bad_request", observability.Summary(None, None, reason=message)
+        return error_response(status, message)
+
     try:
         if not request.is_json:
-            return error_response(415, "Content-Type must be application/json")
+            return refuse(415, "Content-Type must be application/json")
         environ = request.environ
         raw = environ.get(BUFFERED_BODY)
         if raw is None:  # not served through BufferedBody (the Flask test client)
@@ -173,16 +183,15 @@ def _hook(
             hook_request = parse_request(decode(raw))
         except ValueError as error:  # JSONDecodeError and BadRequest
             prefix = "" if isinstance(error, BadRequest) else "request body is not valid JSON: "
-            return error_response(400, f"{prefix}{error}")
+            return refuse(400, f"{prefix}{error}")
         except RecursionError:
-            return error_response(400, "request body is nested too deeply")
+            return refuse(400, "request body is nested too deeply")
         parent = hook_request.parent
         outcome = "error"  # unless the handler answers
         try:
             body, summary = handler(hook_request, memo)
         except RecursionError:  # deeper than decoding allowed, as deep as encoding cannot go
-            outcome = "bad_request"
-            return error_response(400, "request body is nested too deeply")
+            return refuse(400, "request body is nested too deeply")
         outcome = "failed" if summary.state == "failed" else "ok"
         response = Response(body, mimetype="application/json")
         if cache is not None and etag is not None:

@@ -91,6 +91,7 @@ def record(hook: str, outcome: str, seconds: float, parent: dict[str, Any] | Non
                 "state": state,
                 "duration_ms": round(seconds * 1000, 3),
                 "outcome": outcome,
+                "reason": summary.reason if summary else None,
             }
         )
 
@@ -175,14 +176,18 @@ class Summary:
     state: str | None
     children: int | None
     finalized: bool = False
+    # Why a call failed (its status message) or was refused (what was wrong with the request).
+    reason: str | None = None
 
     @classmethod
     def of(cls, answer: dict[str, Any]) -> "Summary":
         children = answer.get("children")
+        status = answer.get("status") or {}
         return cls(
-            (answer.get("status") or {}).get("state"),
+            status.get("state"),
             len(children) if isinstance(children, list) else None,
             answer.get("finalized") is True,
+            status.get("message") if status.get("state") == "failed" else None,
         )
 
 

@@ -220,6 +220,29 @@ def test_one_json_line_per_hook_call(tmp_path: Path) -> None:
     assert any(line["logger"] == "gunicorn.error" and "Booting worker" in line["message"] for line in lines)
 
 
+def test_failed_and_refused_calls_log_their_reason(tmp_path: Path) -> None:
+    """A call line says why a call failed (its status message) or was refused (the 4xx error):
+    the first thing an operator reading the logs needs. Others carry no reason."""
+    bad = parent(PD)
+    bad["spec"]["backendFramework"] = "tensorrt"
+    with start_server(tmp_path) as url:
+        client = HookClient(url)
+        client.sync(parent(PD))
+        message = client.sync(bad)["status"]["message"]
+        refused = client.request("POST", "/sync", b"{not json")
+        unsupported = client.request("POST", "/sync", b"{}", content_type="text/plain")
+    log = next(tmp_path.glob("server-*.log")).read_text()
+    calls = [line for line in map(json.loads, filter(None, log.splitlines())) if line.get("message") == "hook call"]
+    assert [(call["outcome"], call.get("reason")) for call in calls] == [
+        ("ok", None),
+        ("failed", message),
+        ("bad_request", json.loads(refused.body)["error"]),
+        ("bad_request", json.loads(unsupported.body)["error"]),
+    ]
+    assert message.startswith("invalid spec: spec.backendFramework:")
+    assert json.loads(unsupported.body)["error"] == "Content-Type must be application/json"
+
+
 @pytest.fixture
 def hooks_logging_at_info() -> Any:
     logger = logging.getLogger("hooks")
