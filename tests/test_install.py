@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -153,3 +154,18 @@ def test_the_image_installs_and_serves_from_its_build_context(tmp_path: Path) ->
     workdir.mkdir()
     with running(argv, workdir, f"http://127.0.0.1:{port}/readyz", tmp_path / "image.log"):
         assert get(f"http://127.0.0.1:{port}/healthz") == (200, b'{"status":"ok"}')
+
+
+def test_the_image_is_pinned_and_runs_as_a_numeric_non_root_user() -> None:
+    instructions = dict(dockerfile_instructions())
+    # One Python patch release on one Debian release (a digest may follow): a rebuild gets the
+    # interpreter the tests ran on, not whatever `3.11-slim` names that day.
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", instructions["FROM"])
+    user, group = instructions["USER"].split(":")
+    assert int(user) > 0 and int(group) > 0  # numeric: runAsNonRoot can check it
+
+
+def test_the_licence_is_the_one_pyproject_declares() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "MIT"
+    assert (REPO / "LICENSE").read_text().startswith("MIT License\n")
