@@ -45,6 +45,10 @@ def render(path: str, namespace: str | None = None) -> Rendered:
     manifests, summary, failed = [], [], False
     for parent in parents:
         name = (parent.get("metadata") or {}).get("name")
+        if namespace and isinstance(parent.get("metadata"), dict):
+            # Rendered in that namespace, as the hook renders a parent there: what names it (the
+            # discovery RoleBinding's subject, the Gateway's default namespace) follows.
+            parent = {**parent, "metadata": {**parent["metadata"], "namespace": namespace}}
         try:
             answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
         except BadRequest as error:
@@ -53,8 +57,8 @@ def render(path: str, namespace: str | None = None) -> Rendered:
         failed |= status["state"] == "failed"
         summary.append(f"{name}: {status['state']}: {status['message']}")
         for child in answer["children"]:
-            if namespace or (parent.get("metadata") or {}).get("namespace"):
-                child["metadata"]["namespace"] = namespace or parent["metadata"]["namespace"]
+            if parent["metadata"].get("namespace"):
+                child["metadata"]["namespace"] = parent["metadata"]["namespace"]
             manifests.append(yaml.safe_dump(child, sort_keys=True))
     return Rendered("---\n".join(manifests), summary, failed)
 

@@ -43,6 +43,9 @@ def test_rendered_graph_builds_with_kustomize_and_validates(tmp_path: Path) -> N
     for document in documents:
         assert document["metadata"]["namespace"] == "team-a"
         validate_object(document)
+    # The graph is rendered in that namespace, not only labelled with it.
+    (binding,) = [document for document in documents if document["kind"] == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qwen-pd-disc", "namespace": "team-a"}]
 
 
 def test_render_reads_standard_input() -> None:
