@@ -5,62 +5,134 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
 from hooks import reconcile
+from hooks.api import GROUP, KIND, VERSION, shown
 from hooks.auth import TokenFile, TokenFileError
-from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, parse_request
+from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, field_at, parse_request
 from hooks.crd import crd_yaml
 from hooks.server import ServeOptions, serve
 
+PROG = "infera-hooks"
+SERVED_API_VERSION = f"{GROUP}/{VERSION}"
+# What `kubectl get idep -o yaml` prints (a List), and what the API itself lists (kubectl get --raw).
+LIST_KINDS = ("List", f"{KIND}List")
+
 
 class RenderError(Exception):
-    """What `render` says in one line on stderr before exiting 1."""
+    """What `render` says about its file in one line on stderr before exiting 1."""
+
+
+def said(path: str, text: str) -> str:
+    """A line of `render` on stderr about its file."""
+    return f"{PROG} render: {path}: {text}"
 
 
 @dataclass(frozen=True)
 class Rendered:
     manifests: str  # the children, as YAML documents: stdout
-    summary: list[str]  # one line per InferaDeployment: stderr
+    report: list[str]  # stderr: the documents skipped, then a line per InferaDeployment
     failed: bool
 
 
 def render(path: str, namespace: str | None = None) -> Rendered:
     """What /sync would create for the InferaDeployment(s) in `path` (or - for stdin), with
-    nothing observed yet: like `helm template`, only the children, byte-identical between runs.
-    An invalid spec fails with the message the hook would put in its status."""
-    try:
-        with open(path, encoding="utf-8") if path != "-" else sys.stdin as stream:
-            documents = [doc for doc in yaml.safe_load_all(stream) if doc]
-    except OSError as error:
-        raise RenderError(f"{path}: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
-        raise RenderError(f"{path}: not valid YAML{at}: {getattr(error, 'problem', None) or error}") from None
-    parents = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == "InferaDeployment"]
-    if not parents:
-        raise RenderError(f"{path}: no InferaDeployment found")
-    manifests, summary, failed = [], [], False
-    for parent in parents:
-        name = (parent.get("metadata") or {}).get("name")
-        if namespace and isinstance(parent.get("metadata"), dict):
+    nothing observed yet: like `helm template`, only the children, byte-identical between runs,
+    for review, `kubectl diff`-style checks and CI linting of specs. Not for `kubectl apply`:
+    objects created that way lack Metacontroller's controller reference, and block it.
+
+    Documents may be InferaDeployments, or Lists of them as `kubectl get idep -o yaml` prints
+    them: a preview is of a fresh graph, so their status (a previous run's) is not read, and
+    what the API server writes into metadata changes no child. Other kinds and empty documents
+    are skipped, saying so. An invalid spec fails with the message the hook would put in its
+    status."""
+    parents, report = _inferadeployments(path, _documents(path))
+    manifests, failed = [], False
+    for _, parent in parents:
+        if namespace:
             # Rendered in that namespace, as the hook renders a parent there: what names it (the
             # discovery RoleBinding's subject, the Gateway's default namespace) follows.
             parent = {**parent, "metadata": {**parent["metadata"], "namespace": namespace}}
-        try:
-            answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
-        except BadRequest as error:
-            raise RenderError(f"{path}: {error}") from None
+        # The name was checked: the request contract refuses nothing else of a parent.
+        answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
         status = answer["status"]
         failed |= status["state"] == "failed"
-        summary.append(f"{name}: {status['state']}: {status['message']}")
+        report.append(f"{parent['metadata']['name']}: {status['state']}: {status['message']}")
         for child in answer["children"]:
             if parent["metadata"].get("namespace"):
                 child["metadata"]["namespace"] = parent["metadata"]["namespace"]
             manifests.append(yaml.safe_dump(child, sort_keys=True))
-    return Rendered("---\n".join(manifests), summary, failed)
+    return Rendered("---\n".join(manifests), report, failed)
+
+
+def _documents(path: str) -> list[Any]:
+    try:
+        with open(path, encoding="utf-8") if path != "-" else sys.stdin as stream:
+            return list(yaml.safe_load_all(stream))
+    except OSError as error:
+        raise RenderError(error.strerror or str(error)) from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        raise RenderError(f"not valid YAML{at}: {getattr(error, 'problem', None) or error}") from None
+
+
+def _inferadeployments(path: str, documents: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The InferaDeployments to render, each with where it is (`document 2`, `document 1 item 3`),
+    and a line for each document skipped. RenderError for what no API server would take: a
+    document that is no object, an InferaDeployment of another version or without a name."""
+    objects = []
+    for number, document in enumerate(documents, 1):
+        where = f"document {number}"
+        if isinstance(document, dict) and document.get("kind") in LIST_KINDS:
+            _check_api_version(f"{where} ({_described(document)})", document)
+            items = document.get("items")
+            if not isinstance(items, list):
+                raise RenderError(f"{where} ({_described(document)}): items must be a list")
+            objects += [(f"{where} item {index}", item) for index, item in enumerate(items, 1)]
+        else:
+            objects.append((where, document))
+    parents, skipped = [], []
+    for where, obj in objects:
+        if obj is None:
+            skipped.append(said(path, f"skipped {where}: empty"))
+        elif not isinstance(obj, dict):
+            # kubectl refuses it too: most likely a mangled file, which a lint must not pass.
+            shape = "a list" if isinstance(obj, list) else f"the scalar {shown(obj)}"
+            raise RenderError(f"{where} is {shape}, not a Kubernetes object")
+        elif obj.get("kind") != KIND:
+            skipped.append(said(path, f"skipped {where} ({_described(obj)}): not an {KIND}"))
+        else:
+            described = f"{where} ({_described(obj)})"
+            _check_api_version(described, obj)
+            name = field_at(obj, "metadata", "name")
+            # The API server's words, not the hook contract's ('parent.metadata.name' is missing).
+            if name is None or name == "":
+                raise RenderError(f"{described}: metadata.name is missing")
+            if not isinstance(name, str):
+                raise RenderError(f"{described}: metadata.name must be a string, not {shown(name)}")
+            # A fresh graph: a previous run's status would carry its conditions over.
+            parents.append((described, {key: value for key, value in obj.items() if key != "status"}))
+    if not parents:
+        raise RenderError(f"no {KIND} found")
+    return parents, skipped
+
+
+def _described(obj: dict[str, Any]) -> str:
+    """`Kind name`, as far as the object says."""
+    words = [str(part) for part in (obj.get("kind"), field_at(obj, "metadata", "name")) if part]
+    return " ".join(words) or "no kind"
+
+
+def _check_api_version(described: str, obj: dict[str, Any]) -> None:
+    """An InferaDeployment(List) of a version the CRD does not serve would not be stored at all."""
+    api_version = obj.get("apiVersion")
+    if obj.get("kind") != "List" and api_version != SERVED_API_VERSION:  # a List is core v1's
+        what = f"apiVersion {api_version} is not served" if api_version else "apiVersion is missing"
+        raise RenderError(f"{described}: {what}: use {SERVED_API_VERSION}")
 
 
 def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -79,7 +151,7 @@ def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="infera-hooks", description=__doc__)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve the Metacontroller hooks under gunicorn")
     # Loopback by default: a command for trying the hooks out should not expose them (without
@@ -108,9 +180,19 @@ def main(argv: list[str] | None = None) -> None:
     serve_cmd.add_argument("--certfile", help="serve HTTPS with this PEM certificate (chain)")
     serve_cmd.add_argument("--keyfile", help="the private key of --certfile")
     render_cmd = commands.add_parser(
-        "render", help="print the children a YAML file's InferaDeployment(s) become (status summary on stderr)"
+        "render",
+        help="preview the children an InferaDeployment becomes, for review, diffs and CI linting of specs",
+        description="Print the children the InferaDeployment(s) in FILE become, as the hook first creates them: "
+        "YAML on stdout, byte-identical between runs, for review, kubectl diff-style checks and CI linting of specs; "
+        "a status line per InferaDeployment, and each document skipped, on stderr. Exit 1 when a spec is invalid "
+        "or the file cannot be read as InferaDeployments. Not for kubectl apply: objects created that way lack "
+        "Metacontroller's controller reference, and block it.",
     )
-    render_cmd.add_argument("file", help="an InferaDeployment YAML file, or - for standard input")
+    render_cmd.add_argument(
+        "file",
+        metavar="FILE",
+        help="YAML with InferaDeployments or Lists of them (kubectl get idep -o yaml), or - for standard input",
+    )
     render_cmd.add_argument(
         "-n", "--namespace", help="set this namespace on every child (default: the parent's, if set)"
     )
@@ -140,9 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             rendered = render(args.file, args.namespace)
         except RenderError as error:
-            sys.exit(f"infera-hooks render: {error}")
+            sys.exit(said(args.file, str(error)))
         sys.stdout.write(rendered.manifests)
-        sys.stderr.write("".join(f"{line}\n" for line in rendered.summary))
+        sys.stderr.write("".join(f"{line}\n" for line in rendered.report))
         sys.exit(1 if rendered.failed else 0)
     else:
         sys.stdout.write(crd_yaml())
