@@ -1,6 +1,8 @@
 """`infera-hooks`: serve the hooks, preview what an InferaDeployment renders, print the CRD."""
 
 import argparse
+import copy
+import json
 import math
 import sys
 from collections.abc import Callable
@@ -9,10 +11,10 @@ from typing import Any
 
 import yaml
 
-from hooks import reconcile
+from hooks import reconcile, vocabulary
 from hooks.api import GROUP, KIND, VERSION, shown
 from hooks.auth import TokenFile, TokenFileError
-from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, field_at, parse_request
+from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, LAST_APPLIED_ANNOTATION, field_at, parse_request
 from hooks.crd import crd_yaml
 from hooks.server import ServeOptions, serve
 
@@ -38,7 +40,7 @@ class Rendered:
     failed: bool
 
 
-def render(path: str, namespace: str | None = None) -> Rendered:
+def render(path: str, namespace: str | None = None, model_downloaded: bool = False) -> Rendered:
     """What /sync would create for the InferaDeployment(s) in `path` (or - for stdin), with
     nothing observed yet: like `helm template`, only the children, byte-identical between runs,
     for review, `kubectl diff`-style checks and CI linting of specs. Not for `kubectl apply`:
@@ -48,19 +50,27 @@ def render(path: str, namespace: str | None = None) -> Rendered:
     them: a preview is of a fresh graph, so their status (a previous run's) is not read, and
     what the API server writes into metadata changes no child. Other kinds and empty documents
     are skipped, saying so. An invalid spec fails with the message the hook would put in its
-    status."""
+    status. `model_downloaded`: the graph once the model cache's download Job is complete, as
+    the hook renders it then (it creates the worker pools, and checks them, only then)."""
     parents, report = _inferadeployments(path, _documents(path))
     manifests, failed = [], False
-    for _, parent in parents:
+    for where, parent in parents:
         if namespace:
             # Rendered in that namespace, as the hook renders a parent there: what names it (the
             # discovery RoleBinding's subject, the Gateway's default namespace) follows.
             parent = {**parent, "metadata": {**parent["metadata"], "namespace": namespace}}
-        # The name was checked: the request contract refuses nothing else of a parent.
-        answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
+        answer = _sync(parent, [])
+        downloaded = _after_download(parent, answer) if model_downloaded else None
+        if downloaded is not None:
+            answer = downloaded
+        elif model_downloaded and answer["status"]["state"] != "failed":
+            report.append(said(path, f"{where}: --model-downloaded has no effect without spec.modelCache"))
         status = answer["status"]
         failed |= status["state"] == "failed"
-        report.append(f"{parent['metadata']['name']}: {status['state']}: {status['message']}")
+        # What --model-downloaded assumes leads, in the hook's words (status.modelCache.message).
+        assumed = field_at(status, "modelCache", "message") if downloaded is not None else None
+        message = "; ".join(filter(None, [assumed, status["message"]]))
+        report.append(f"{parent['metadata']['name']}: {status['state']}: {message}")
         for child in answer["children"]:
             if parent["metadata"].get("namespace"):
                 child["metadata"]["namespace"] = parent["metadata"]["namespace"]
@@ -135,6 +145,36 @@ def _check_api_version(described: str, obj: dict[str, Any]) -> None:
         raise RenderError(f"{described}: {what}: use {SERVED_API_VERSION}")
 
 
+def _sync(parent: dict[str, Any], observed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sync answer for `parent` with `observed` children, in a request as Metacontroller
+    sends it when the bundle and all its components are installed: every kind the hook can
+    emit is registered, and keys the children (`{}` where none is observed). The parent's name
+    was checked: the request contract refuses nothing else of a parent."""
+    children: dict[str, dict[str, Any]] = {f"{kind.kind}.{kind.api_version}": {} for kind in vocabulary.CHILD_KINDS}
+    for child in observed:
+        children[f"{child['kind']}.{child['apiVersion']}"][child["metadata"]["name"]] = child
+    return reconcile.sync(parse_request({"parent": parent, "children": children}))
+
+
+def _after_download(parent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
+    """The sync answer once the download Job in `answer` (a first sync's) is complete, or None
+    when there is none (no model cache, or an invalid spec)."""
+    job = field_at(answer, "status", "modelCache", "job")
+    if job is None:
+        return None
+    (download,) = [child for child in answer["children"] if (child["kind"], child["metadata"]["name"]) == ("Job", job)]
+    return _sync(parent, [_completed(download)])
+
+
+def _completed(job: dict[str, Any]) -> dict[str, Any]:
+    """A rendered Job as Metacontroller reports it once the Job controller says it is complete:
+    with the record of what was applied, which the hook answers again (a Job cannot change)."""
+    observed = copy.deepcopy(job)
+    observed["metadata"].setdefault("annotations", {})[LAST_APPLIED_ANNOTATION] = json.dumps(job, sort_keys=True)
+    observed["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    return observed
+
+
 def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
     """An argparse type: a number above zero (`--workers 0` would start a master that serves nothing)."""
 
@@ -196,6 +236,12 @@ def main(argv: list[str] | None = None) -> None:
     render_cmd.add_argument(
         "-n", "--namespace", help="set this namespace on every child (default: the parent's, if set)"
     )
+    render_cmd.add_argument(
+        "--model-downloaded",
+        action="store_true",
+        help="render the graph as it is once spec.modelCache's download is complete (with the worker pools, which "
+        "wait for it); no effect without a model cache",
+    )
     commands.add_parser("crd", help="print the InferaDeployment CRD generated from the API model")
     args = parser.parse_args(argv)
 
@@ -220,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     elif args.command == "render":
         try:
-            rendered = render(args.file, args.namespace)
+            rendered = render(args.file, args.namespace, args.model_downloaded)
         except RenderError as error:
             sys.exit(said(args.file, str(error)))
         sys.stdout.write(rendered.manifests)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from hooks import reconcile
+from hooks.api import InferaDeployment
 from hooks.contract import parse_request
 from tests.support.prerequisites import REPO, need_kubectl
 from tests.support.requests import EXAMPLES, PD, load_yaml
@@ -278,4 +279,66 @@ def test_an_unknown_field_is_met_with_the_field_it_likely_misspells() -> None:
     assert (result.returncode, result.stderr) == (
         1,
         "qwen-pd: failed: invalid spec: spec.services.decode.replcas: unknown field; did you mean replicas?\n",
+    )
+
+
+def test_model_downloaded_previews_the_workers_on_the_cache() -> None:
+    """Without the flag a model-cache graph shows no worker pools (they wait for the download);
+    with it, the graph the hook renders once the download Job is complete."""
+    waiting = list(yaml.safe_load_all(render(str(MODEL_CACHE)).stdout))
+    result = render(str(MODEL_CACHE), "--model-downloaded")
+    assert result.returncode == 0
+    assert result.stderr == (
+        "qwen-cache: pending: hf://Qwen/Qwen3-0.6B is in the model cache; decode 0/2 ready; prefill 0/1 ready; "
+        "server 0/1 ready; waiting on 3 of 3 services\n"
+    )
+    documents = list(yaml.safe_load_all(result.stdout))
+    keys = [(child["kind"], child["metadata"]["name"]) for child in documents]
+    workers = [("Deployment", "qwen-cache-decode"), ("Deployment", "qwen-cache-prefill")]
+    assert not any((child["kind"], child["metadata"]["name"]) in workers for child in waiting)
+    assert all(key in keys for key in workers) and len(keys) == len(set(keys))
+    # The same download Job, kept as applied: previewing it does not retry or replace it.
+    (job,) = [child for child in documents if child["kind"] == "Job"]
+    assert job in waiting
+    cache = InferaDeployment.from_parent(load_yaml(MODEL_CACHE)[0]).spec.model_cache
+    assert cache is not None
+    by_key = dict(zip(keys, documents, strict=True))
+    for worker in workers:
+        pod = by_key[worker]["spec"]["template"]["spec"]
+        (engine,) = [container for container in pod["containers"] if container["name"] == "infera"]
+        assert {"name": "model-cache", "mountPath": cache.mount_path, "subPath": cache.digest, "readOnly": True} in (
+            engine["volumeMounts"]
+        )
+        assert {
+            "name": "model-cache",
+            "persistentVolumeClaim": {"claimName": "qwen-cache-models", "readOnly": True},
+        } in pod["volumes"]
+    for document in documents:
+        validate_object(document)
+
+
+def test_model_downloaded_checks_the_worker_pools_a_fresh_graph_leaves_out() -> None:
+    """A worker pool is rendered, and so checked, only once the download is complete: linting a
+    model-cache spec needs the flag to see its workers' errors."""
+    text = MODEL_CACHE.read_text().replace(
+        "      role: decode\n",
+        "      role: decode\n      extraPodSpec: {containers: [{name: main, ports: [{containerPort: 70000}]}]}\n",
+    )
+    assert render("-", stdin=text).returncode == 0
+    result = render("-", "--model-downloaded", stdin=text)
+    # The hook keeps what it observed, the complete download Job, and creates nothing.
+    assert result.returncode == 1 and [child["kind"] for child in yaml.safe_load_all(result.stdout)] == ["Job"]
+    assert result.stderr == (
+        "qwen-cache: failed: spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-cache-decode "
+        "made from it: spec.template.spec.containers[0].ports[0].containerPort: 70000 is not a port number (1-65535)\n"
+    )
+
+
+def test_model_downloaded_changes_nothing_without_a_model_cache() -> None:
+    result = render(str(PD), "--model-downloaded")
+    assert (result.returncode, result.stdout) == (0, render(str(PD)).stdout)
+    assert result.stderr == (
+        f"infera-hooks render: {PD}: document 1 (InferaDeployment qwen-pd): --model-downloaded has no effect "
+        "without spec.modelCache\n"
+        "qwen-pd: initializing: creating 3 services\n"
     )
