@@ -2,6 +2,7 @@
 
 import argparse
 import copy
+import importlib.metadata
 import json
 import math
 import sys
@@ -19,6 +20,7 @@ from hooks.crd import crd_yaml
 from hooks.server import ServeOptions, serve
 
 PROG = "infera-hooks"
+DISTRIBUTION = "infera-hooks"  # pyproject's project.name, whose version --version prints
 SERVED_API_VERSION = f"{GROUP}/{VERSION}"
 # What `kubectl get idep -o yaml` prints (a List), and what the API itself lists (kubectl get --raw).
 LIST_KINDS = ("List", f"{KIND}List")
@@ -190,8 +192,24 @@ def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+class PrintVersion(argparse.Action):
+    """`--version`: the installed distribution's version, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        try:
+            version = importlib.metadata.version(DISTRIBUTION)
+        except importlib.metadata.PackageNotFoundError:
+            parser.exit(1, f"{DISTRIBUTION}: not installed (pip install .), so no version is known\n")
+        sys.stdout.write(f"{DISTRIBUTION} {version}\n")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    parser.add_argument("--version", action=PrintVersion, help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve the Metacontroller hooks under gunicorn")
     # Loopback by default: a command for trying the hooks out should not expose them (without

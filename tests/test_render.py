@@ -7,6 +7,7 @@ import copy
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,9 @@ def test_model_downloaded_changes_nothing_without_a_model_cache() -> None:
         "without spec.modelCache\n"
         "qwen-pd: initializing: creating 3 services\n"
     )
+
+
+def test_version_is_the_installed_distributions() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    result = run("--version")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"infera-hooks {project['version']}\n", "")
