@@ -4,8 +4,11 @@ Attribute docstrings become the CRD's descriptions (`kubectl explain idep.spec..
 written for users. The CRD generator (hooks.crd) turns these models into a structural schema.
 """
 
+import difflib
+import functools
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
 
 from hooks.quantity import QUANTITY_PATTERN, canonical_quantity, quantity_value
 from hooks.vocabulary import DIGEST_LENGTH, MODELS_SUFFIX
@@ -1021,8 +1025,7 @@ class InferaDeployment(BaseModel):
             problems = []
             for item in error.errors():
                 path = ".".join(str(part) for part in item["loc"])
-                # Our own rules already say what is wrong; pydantic would prefix "Value error, ".
-                message = str(item["ctx"]["error"]) if item["type"] == "value_error" else item["msg"]
+                message = _problem(item)
                 problems.append(f"{path}: {message}" if path else message)
             raise SpecError(f"invalid spec: {'; '.join(problems)}") from None
 
@@ -1058,3 +1061,57 @@ class InferaDeployment(BaseModel):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One validation error in the API's words."""
+    if error["type"] == "value_error":
+        # Our own rules already say what is wrong; pydantic would prefix "Value error, ".
+        return str(error["ctx"]["error"])
+    if error["type"] == "extra_forbidden":
+        return unknown_field(error["loc"])
+    return error["msg"]
+
+
+def unknown_field(loc: Sequence[str | int]) -> str:
+    """What to say of a field the API does not have (pydantic says "Extra inputs are not
+    permitted"): the known field at that place it most likely misspells, if one is close."""
+    known = {name.lower(): name for name in known_fields(loc[:-1])}
+    # Case-blind, so that tokenizerpath finds tokenizerPath as surely as tokenizerPth does.
+    close = difflib.get_close_matches(str(loc[-1]).lower(), known, n=1)
+    return f"unknown field; did you mean {known[close[0]]}?" if close else "unknown field"
+
+
+def known_fields(path: Sequence[str | int]) -> list[str]:
+    """The field names (by alias) an InferaDeployment has at `path`, e.g. ("spec", "services",
+    "decode") for a ServiceSpec's; none where the path leads to no object of the API's."""
+    node = _api_schema()
+    for part in path:
+        node = _resolved(node)
+        properties = node.get("properties") or {}
+        if part in properties:
+            node = properties[part]
+        elif isinstance(node.get("additionalProperties"), dict):  # a map: `part` is a key
+            node = node["additionalProperties"]
+        elif isinstance(node.get("items"), dict):  # a list: `part` is an index
+            node = node["items"]
+        else:
+            return []
+    return sorted(_resolved(node).get("properties") or {})
+
+
+@functools.cache
+def _api_schema() -> dict[str, Any]:
+    """The model's JSON Schema, built once and only when a spec names an unknown field."""
+    return InferaDeployment.model_json_schema(by_alias=True)
+
+
+def _resolved(node: dict[str, Any]) -> dict[str, Any]:
+    """The schema behind a reference, or behind an optional field (anyOf with null)."""
+    while True:
+        if "$ref" in node:
+            node = _api_schema()["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+        elif "anyOf" in node:
+            node = next((option for option in node["anyOf"] if option.get("type") != "null"), {})
+        else:
+            return node

@@ -1,62 +1,180 @@
 """`infera-hooks`: serve the hooks, preview what an InferaDeployment renders, print the CRD."""
 
 import argparse
+import copy
+import importlib.metadata
+import json
 import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from hooks import reconcile
+from hooks import reconcile, vocabulary
+from hooks.api import GROUP, KIND, VERSION, shown
 from hooks.auth import TokenFile, TokenFileError
-from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, parse_request
+from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, LAST_APPLIED_ANNOTATION, field_at, parse_request
 from hooks.crd import crd_yaml
 from hooks.server import ServeOptions, serve
 
+PROG = "infera-hooks"
+DISTRIBUTION = "infera-hooks"  # pyproject's project.name, whose version --version prints
+SERVED_API_VERSION = f"{GROUP}/{VERSION}"
+# What `kubectl get idep -o yaml` prints (a List), and what the API itself lists (kubectl get --raw).
+LIST_KINDS = ("List", f"{KIND}List")
+
 
 class RenderError(Exception):
-    """What `render` says in one line on stderr before exiting 1."""
+    """What `render` says about its file in one line on stderr before exiting 1."""
+
+
+def said(path: str, text: str) -> str:
+    """A line of `render` on stderr about its file."""
+    return f"{PROG} render: {path}: {text}"
 
 
 @dataclass(frozen=True)
 class Rendered:
     manifests: str  # the children, as YAML documents: stdout
-    summary: list[str]  # one line per InferaDeployment: stderr
+    report: list[str]  # stderr: the documents skipped, then a line per InferaDeployment
     failed: bool
 
 
-def render(path: str, namespace: str | None = None) -> Rendered:
+def render(path: str, namespace: str | None = None, model_downloaded: bool = False) -> Rendered:
     """What /sync would create for the InferaDeployment(s) in `path` (or - for stdin), with
-    nothing observed yet: like `helm template`, only the children, byte-identical between runs.
-    An invalid spec fails with the message the hook would put in its status."""
+    nothing observed yet: like `helm template`, only the children, byte-identical between runs,
+    for review, `kubectl diff`-style checks and CI linting of specs. Not for `kubectl apply`:
+    objects created that way lack Metacontroller's controller reference, and block it.
+
+    Documents may be InferaDeployments, or Lists of them as `kubectl get idep -o yaml` prints
+    them: a preview is of a fresh graph, so their status (a previous run's) is not read, and
+    what the API server writes into metadata changes no child. Other kinds and empty documents
+    are skipped, saying so. An invalid spec fails with the message the hook would put in its
+    status. `model_downloaded`: the graph once the model cache's download Job is complete, as
+    the hook renders it then (it creates the worker pools, and checks them, only then)."""
+    parents, report = _inferadeployments(path, _documents(path))
+    manifests, failed = [], False
+    for where, parent in parents:
+        if namespace:
+            # Rendered in that namespace, as the hook renders a parent there: what names it (the
+            # discovery RoleBinding's subject, the Gateway's default namespace) follows.
+            parent = {**parent, "metadata": {**parent["metadata"], "namespace": namespace}}
+        answer = _sync(parent, [])
+        downloaded = _after_download(parent, answer) if model_downloaded else None
+        if downloaded is not None:
+            answer = downloaded
+        elif model_downloaded and answer["status"]["state"] != "failed":
+            report.append(said(path, f"{where}: --model-downloaded has no effect without spec.modelCache"))
+        status = answer["status"]
+        failed |= status["state"] == "failed"
+        # What --model-downloaded assumes leads, in the hook's words (status.modelCache.message).
+        assumed = field_at(status, "modelCache", "message") if downloaded is not None else None
+        message = "; ".join(filter(None, [assumed, status["message"]]))
+        report.append(f"{parent['metadata']['name']}: {status['state']}: {message}")
+        for child in answer["children"]:
+            if parent["metadata"].get("namespace"):
+                child["metadata"]["namespace"] = parent["metadata"]["namespace"]
+            manifests.append(yaml.safe_dump(child, sort_keys=True))
+    return Rendered("---\n".join(manifests), report, failed)
+
+
+def _documents(path: str) -> list[Any]:
     try:
         with open(path, encoding="utf-8") if path != "-" else sys.stdin as stream:
-            documents = [doc for doc in yaml.safe_load_all(stream) if doc]
+            return list(yaml.safe_load_all(stream))
     except OSError as error:
-        raise RenderError(f"{path}: {error.strerror or error}") from None
+        raise RenderError(error.strerror or str(error)) from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
-        raise RenderError(f"{path}: not valid YAML{at}: {getattr(error, 'problem', None) or error}") from None
-    parents = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == "InferaDeployment"]
+        raise RenderError(f"not valid YAML{at}: {getattr(error, 'problem', None) or error}") from None
+
+
+def _inferadeployments(path: str, documents: list[Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    """The InferaDeployments to render, each with where it is (`document 2`, `document 1 item 3`),
+    and a line for each document skipped. RenderError for what no API server would take: a
+    document that is no object, an InferaDeployment of another version or without a name."""
+    objects = []
+    for number, document in enumerate(documents, 1):
+        where = f"document {number}"
+        if isinstance(document, dict) and document.get("kind") in LIST_KINDS:
+            _check_api_version(f"{where} ({_described(document)})", document)
+            items = document.get("items")
+            if not isinstance(items, list):
+                raise RenderError(f"{where} ({_described(document)}): items must be a list")
+            objects += [(f"{where} item {index}", item) for index, item in enumerate(items, 1)]
+        else:
+            objects.append((where, document))
+    parents, skipped = [], []
+    for where, obj in objects:
+        if obj is None:
+            skipped.append(said(path, f"skipped {where}: empty"))
+        elif not isinstance(obj, dict):
+            # kubectl refuses it too: most likely a mangled file, which a lint must not pass.
+            shape = "a list" if isinstance(obj, list) else f"the scalar {shown(obj)}"
+            raise RenderError(f"{where} is {shape}, not a Kubernetes object")
+        elif obj.get("kind") != KIND:
+            skipped.append(said(path, f"skipped {where} ({_described(obj)}): not an {KIND}"))
+        else:
+            described = f"{where} ({_described(obj)})"
+            _check_api_version(described, obj)
+            name = field_at(obj, "metadata", "name")
+            # The API server's words, not the hook contract's ('parent.metadata.name' is missing).
+            if name is None or name == "":
+                raise RenderError(f"{described}: metadata.name is missing")
+            if not isinstance(name, str):
+                raise RenderError(f"{described}: metadata.name must be a string, not {shown(name)}")
+            # A fresh graph: a previous run's status would carry its conditions over.
+            parents.append((described, {key: value for key, value in obj.items() if key != "status"}))
     if not parents:
-        raise RenderError(f"{path}: no InferaDeployment found")
-    manifests, summary, failed = [], [], False
-    for parent in parents:
-        name = (parent.get("metadata") or {}).get("name")
-        try:
-            answer = reconcile.sync(parse_request({"parent": parent, "children": {}}))
-        except BadRequest as error:
-            raise RenderError(f"{path}: {error}") from None
-        status = answer["status"]
-        failed |= status["state"] == "failed"
-        summary.append(f"{name}: {status['state']}: {status['message']}")
-        for child in answer["children"]:
-            if namespace or (parent.get("metadata") or {}).get("namespace"):
-                child["metadata"]["namespace"] = namespace or parent["metadata"]["namespace"]
-            manifests.append(yaml.safe_dump(child, sort_keys=True))
-    return Rendered("---\n".join(manifests), summary, failed)
+        raise RenderError(f"no {KIND} found")
+    return parents, skipped
+
+
+def _described(obj: dict[str, Any]) -> str:
+    """`Kind name`, as far as the object says."""
+    words = [str(part) for part in (obj.get("kind"), field_at(obj, "metadata", "name")) if part]
+    return " ".join(words) or "no kind"
+
+
+def _check_api_version(described: str, obj: dict[str, Any]) -> None:
+    """An InferaDeployment(List) of a version the CRD does not serve would not be stored at all."""
+    api_version = obj.get("apiVersion")
+    if obj.get("kind") != "List" and api_version != SERVED_API_VERSION:  # a List is core v1's
+        what = f"apiVersion {api_version} is not served" if api_version else "apiVersion is missing"
+        raise RenderError(f"{described}: {what}: use {SERVED_API_VERSION}")
+
+
+def _sync(parent: dict[str, Any], observed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sync answer for `parent` with `observed` children, in a request as Metacontroller
+    sends it when the bundle and all its components are installed: every kind the hook can
+    emit is registered, and keys the children (`{}` where none is observed). The parent's name
+    was checked: the request contract refuses nothing else of a parent."""
+    children: dict[str, dict[str, Any]] = {f"{kind.kind}.{kind.api_version}": {} for kind in vocabulary.CHILD_KINDS}
+    for child in observed:
+        children[f"{child['kind']}.{child['apiVersion']}"][child["metadata"]["name"]] = child
+    return reconcile.sync(parse_request({"parent": parent, "children": children}))
+
+
+def _after_download(parent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
+    """The sync answer once the download Job in `answer` (a first sync's) is complete, or None
+    when there is none (no model cache, or an invalid spec)."""
+    job = field_at(answer, "status", "modelCache", "job")
+    if job is None:
+        return None
+    (download,) = [child for child in answer["children"] if (child["kind"], child["metadata"]["name"]) == ("Job", job)]
+    return _sync(parent, [_completed(download)])
+
+
+def _completed(job: dict[str, Any]) -> dict[str, Any]:
+    """A rendered Job as Metacontroller reports it once the Job controller says it is complete:
+    with the record of what was applied, which the hook answers again (a Job cannot change)."""
+    observed = copy.deepcopy(job)
+    observed["metadata"].setdefault("annotations", {})[LAST_APPLIED_ANNOTATION] = json.dumps(job, sort_keys=True)
+    observed["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    return observed
 
 
 def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -74,8 +192,24 @@ def positive(number: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+class PrintVersion(argparse.Action):
+    """`--version`: the installed distribution's version, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        try:
+            version = importlib.metadata.version(DISTRIBUTION)
+        except importlib.metadata.PackageNotFoundError:
+            parser.exit(1, f"{DISTRIBUTION}: not installed (pip install .), so no version is known\n")
+        sys.stdout.write(f"{DISTRIBUTION} {version}\n")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="infera-hooks", description=__doc__)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    parser.add_argument("--version", action=PrintVersion, help="print the installed version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve the Metacontroller hooks under gunicorn")
     # Loopback by default: a command for trying the hooks out should not expose them (without
@@ -104,11 +238,27 @@ def main(argv: list[str] | None = None) -> None:
     serve_cmd.add_argument("--certfile", help="serve HTTPS with this PEM certificate (chain)")
     serve_cmd.add_argument("--keyfile", help="the private key of --certfile")
     render_cmd = commands.add_parser(
-        "render", help="print the children a YAML file's InferaDeployment(s) become (status summary on stderr)"
+        "render",
+        help="preview the children an InferaDeployment becomes, for review, diffs and CI linting of specs",
+        description="Print the children the InferaDeployment(s) in FILE become, as the hook first creates them: "
+        "YAML on stdout, byte-identical between runs, for review, kubectl diff-style checks and CI linting of specs; "
+        "a status line per InferaDeployment, and each document skipped, on stderr. Exit 1 when a spec is invalid "
+        "or the file cannot be read as InferaDeployments. Not for kubectl apply: objects created that way lack "
+        "Metacontroller's controller reference, and block it.",
     )
-    render_cmd.add_argument("file", help="an InferaDeployment YAML file, or - for standard input")
+    render_cmd.add_argument(
+        "file",
+        metavar="FILE",
+        help="YAML with InferaDeployments or Lists of them (kubectl get idep -o yaml), or - for standard input",
+    )
     render_cmd.add_argument(
         "-n", "--namespace", help="set this namespace on every child (default: the parent's, if set)"
+    )
+    render_cmd.add_argument(
+        "--model-downloaded",
+        action="store_true",
+        help="render the graph as it is once spec.modelCache's download is complete (with the worker pools, which "
+        "wait for it); no effect without a model cache",
     )
     commands.add_parser("crd", help="print the InferaDeployment CRD generated from the API model")
     args = parser.parse_args(argv)
@@ -134,11 +284,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     elif args.command == "render":
         try:
-            rendered = render(args.file, args.namespace)
+            rendered = render(args.file, args.namespace, args.model_downloaded)
         except RenderError as error:
-            sys.exit(f"infera-hooks render: {error}")
+            sys.exit(said(args.file, str(error)))
         sys.stdout.write(rendered.manifests)
-        sys.stderr.write("".join(f"{line}\n" for line in rendered.summary))
+        sys.stderr.write("".join(f"{line}\n" for line in rendered.report))
         sys.exit(1 if rendered.failed else 0)
     else:
         sys.stdout.write(crd_yaml())

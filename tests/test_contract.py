@@ -122,7 +122,8 @@ def test_answer_has_only_status_and_children(hooks) -> None:
             {"image": None},
             "spec: every service needs an image: set spec.image or services.<name>.image (services.server has none)",
         ),
-        ({"unknownField": 1}, "spec.unknownField: Extra inputs are not permitted"),
+        ({"unknownField": 1}, "spec.unknownField: unknown field"),
+        ({"imag": "x"}, "spec.imag: unknown field; did you mean image?"),
     ],
 )
 def test_bad_spec_fails_in_status_and_keeps_every_child(hooks, change: dict, message: str) -> None:

@@ -95,6 +95,40 @@ def test_an_answer_over_the_size_bound_is_refused(converged: Metacontroller) -> 
     ), message
 
 
+MISSPELT_FIELDS = {
+    "top level, the real field then missing": (
+        lambda spec: spec.__setitem__("servces", spec.pop("services")),
+        "invalid spec: spec.services: Field required; spec.servces: unknown field; did you mean services?",
+    ),
+    "in a service": (
+        lambda spec: spec["services"]["decode"].__setitem__("replcas", 2),
+        "invalid spec: spec.services.decode.replcas: unknown field; did you mean replicas?",
+    ),
+    "in nats": (
+        lambda spec: spec.update(nats={"deplyo": False}),
+        "invalid spec: spec.nats.deplyo: unknown field; did you mean deploy?",
+    ),
+    "in gaie, by case": (
+        lambda spec: spec.update(gaie={"tokenizerpath": "Qwen/Qwen3-0.6B"}),
+        "invalid spec: spec.gaie.tokenizerpath: unknown field; did you mean tokenizerPath?",
+    ),
+    "in a list item": (
+        lambda spec: spec.update(envs=[{"name": "A", "valeu": "1"}]),
+        "invalid spec: spec.envs.0.valeu: unknown field; did you mean value?",
+    ),
+    "nothing close": (
+        lambda spec: spec["services"]["decode"].__setitem__("colour", "blue"),
+        "invalid spec: spec.services.decode.colour: unknown field",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MISSPELT_FIELDS)
+def test_an_unknown_field_names_the_field_it_likely_misspells(converged: Metacontroller, case: str) -> None:
+    change, message = MISSPELT_FIELDS[case]
+    assert refusal(converged, change) == message
+
+
 def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontroller) -> None:
     key = "k" * 100_000 + "\n"
     message = refusal(converged, lambda spec: spec["services"]["decode"].update(podLabels={key: "a"}))
@@ -185,7 +219,7 @@ REFUSED_BY_THE_API_SERVER = {
     ),
     "garbage valueFrom": (
         lambda spec: spec["services"]["decode"].update(env=[{"name": "A", "valueFrom": {"garbage": 1}}]),
-        "invalid spec: spec.services.decode.env.0.valueFrom.garbage: Extra inputs are not permitted",
+        "invalid spec: spec.services.decode.env.0.valueFrom.garbage: unknown field",
     ),
     "valueFrom of an unknown pod field": (
         lambda spec: spec.update(envs=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}]),
