@@ -8,7 +8,7 @@ import difflib
 import functools
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -1069,17 +1069,17 @@ def _problem(error: ErrorDetails) -> str:
         # Our own rules already say what is wrong; pydantic would prefix "Value error, ".
         return str(error["ctx"]["error"])
     if error["type"] == "extra_forbidden":
-        return unknown_field(error["loc"])
+        return unknown_field(str(error["loc"][-1]), known_fields(error["loc"][:-1]))
     return error["msg"]
 
 
-def unknown_field(loc: Sequence[str | int]) -> str:
+def unknown_field(name: str, known: Iterable[str]) -> str:
     """What to say of a field the API does not have (pydantic says "Extra inputs are not
     permitted"): the known field at that place it most likely misspells, if one is close."""
-    known = {name.lower(): name for name in known_fields(loc[:-1])}
+    by_lower = {field.lower(): field for field in known}
     # Case-blind, so that tokenizerpath finds tokenizerPath as surely as tokenizerPth does.
-    close = difflib.get_close_matches(str(loc[-1]).lower(), known, n=1)
-    return f"unknown field; did you mean {known[close[0]]}?" if close else "unknown field"
+    close = difflib.get_close_matches(name.lower(), by_lower, n=1)
+    return f"unknown field; did you mean {by_lower[close[0]]}?" if close else "unknown field"
 
 
 def known_fields(path: Sequence[str | int]) -> list[str]:

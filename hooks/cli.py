@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from hooks import reconcile, vocabulary
-from hooks.api import GROUP, KIND, VERSION, shown
+from hooks.api import GROUP, KIND, VERSION, shown, unknown_field
 from hooks.auth import TokenFile, TokenFileError
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, LAST_APPLIED_ANNOTATION, field_at, parse_request
 from hooks.crd import crd_yaml
@@ -24,6 +24,7 @@ DISTRIBUTION = "infera-hooks"  # pyproject's project.name, whose version --versi
 SERVED_API_VERSION = f"{GROUP}/{VERSION}"
 # What `kubectl get idep -o yaml` prints (a List), and what the API itself lists (kubectl get --raw).
 LIST_KINDS = ("List", f"{KIND}List")
+OBJECT_FIELDS = {"apiVersion", "kind", "metadata", "spec", "status"}
 
 
 class RenderError(Exception):
@@ -120,6 +121,11 @@ def _inferadeployments(path: str, documents: list[Any]) -> tuple[list[tuple[str,
         else:
             described = f"{where} ({_described(obj)})"
             _check_api_version(described, obj)
+            # The parent's own fields: the API server keeps nothing else of an object (the hook
+            # never sees more), so `sepc:` would silently render as a spec without services.
+            unknown = sorted(set(obj) - OBJECT_FIELDS)
+            if unknown:
+                raise RenderError(f"{described}: {unknown[0]}: {unknown_field(unknown[0], OBJECT_FIELDS)}")
             name = field_at(obj, "metadata", "name")
             # The API server's words, not the hook contract's ('parent.metadata.name' is missing).
             if name is None or name == "":

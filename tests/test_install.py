@@ -154,6 +154,8 @@ def test_the_image_installs_and_serves_from_its_build_context(tmp_path: Path) ->
     workdir.mkdir()
     with running(argv, workdir, f"http://127.0.0.1:{port}/readyz", tmp_path / "image.log"):
         assert get(f"http://127.0.0.1:{port}/healthz") == (200, b'{"status":"ok"}')
+    version = subprocess.run([argv[0], "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout == "infera-hooks 0.1.0\n"
 
 
 def test_the_image_is_pinned_and_runs_as_a_numeric_non_root_user() -> None:

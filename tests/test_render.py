@@ -274,6 +274,12 @@ def test_an_unknown_field_is_met_with_the_field_it_likely_misspells() -> None:
         "",
         "qwen-pd: failed: invalid spec: spec.backendFramwork: unknown field; did you mean backendFramework?\n",
     )
+    outside = render("-", stdin=PD.read_text().replace("spec:", "sepc:", 1))
+    assert (outside.returncode, outside.stdout, outside.stderr) == (
+        1,
+        "",
+        "infera-hooks render: -: document 1 (InferaDeployment qwen-pd): sepc: unknown field; did you mean spec?\n",
+    )
     nested = yaml.safe_load(PD.read_text())
     nested["spec"]["services"]["decode"]["replcas"] = nested["spec"]["services"]["decode"].pop("replicas")
     result = render("-", stdin=yaml.safe_dump(nested))
