@@ -41,7 +41,6 @@ from hooks.vocabulary import SERVICE_LABEL
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
-PROTOCOLS = ("TCP", "UDP", "SCTP")
 # Resource names the API server knows without a domain prefix.
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 POD_TEMPLATES: dict[str, list[tuple[str, ...]]] = {
@@ -139,8 +138,6 @@ def _container_problems(container: dict, where: str, volumes: set[str]) -> Itera
             yield f"{at}.containerPort", f"{port['containerPort']} is not a port number (1-65535)"
         if port.get("hostPort") and not 1 <= port["hostPort"] <= 65535:
             yield f"{at}.hostPort", f"{port['hostPort']} is not a port number (1-65535)"
-        if port.get("protocol") not in (None, *PROTOCOLS):
-            yield f"{at}.protocol", f"{shown(port['protocol'])} must be one of {', '.join(PROTOCOLS)}"
         if port.get("name"):
             if problem := _port_name_problem(port["name"]):
                 yield f"{at}.name", problem
@@ -172,7 +169,7 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
     yield from _metadata_problems(template.get("metadata"), f"{where}.metadata")
     spec = template.get("spec") or {}
     at = f"{where}.spec"
-    if spec.get("restartPolicy") not in (None, "Always"):
+    if spec.get("restartPolicy") not in (None, "", "Always"):  # "" is defaulted to Always
         yield f"{at}.restartPolicy", f"{shown(spec['restartPolicy'])}: a workload's pods must use Always"
     volumes: set[str] = set()
     for index, volume in enumerate(spec.get("volumes") or []):
@@ -257,8 +254,6 @@ def _service_problems(child: dict) -> Iterator[Problem]:
             yield f"{at}.targetPort", f"{target} is not a port number (1-65535)"
         elif isinstance(target, str) and (problem := _port_name_problem(target)):
             yield f"{at}.targetPort", problem
-        if port.get("protocol") not in (None, *PROTOCOLS):
-            yield f"{at}.protocol", f"{shown(port['protocol'])} must be one of {', '.join(PROTOCOLS)}"
         name = port.get("name")
         if len(ports) > 1 and not name:
             yield f"{at}.name", "every port of a Service with several ports needs a name"

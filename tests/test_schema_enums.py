@@ -165,6 +165,11 @@ EMPTY_ENUM_VALUES = {
         {"tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": ""}]},
         ("tolerations", 0, "effect"),
     ),
+    "port protocol": (
+        {"containers": [{"name": "main", "ports": [{"containerPort": 9000, "protocol": ""}]}]},
+        ("containers", 0, "ports", 0, "protocol"),
+    ),
+    "pod restartPolicy": ({"restartPolicy": ""}, ("restartPolicy",)),
 }
 
 
@@ -270,6 +275,14 @@ def test_a_patched_service_type_the_api_server_lacks_fails_the_sync_naming_patch
         "patches[0] (Deployment qwen-pd-decode): the API server would refuse the patched Deployment: "
         "spec.strategy.type: must be one of Recreate, RollingUpdate (not 'Rolling')"
     )
+
+
+def test_an_empty_service_port_protocol_is_no_refusal(hooks: HookClient) -> None:
+    obj = parent(PD)
+    patched("Service", "qwen-pd-server", {"op": "replace", "path": "/spec/ports/0/protocol", "value": ""})(obj["spec"])
+    answer = hooks.sync(obj)
+    assert answer["status"]["state"] != "failed", answer["status"]["message"]
+    assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"]["ports"][0]["protocol"] == ""
 
 
 # --- The generator ----------------------------------------------------------------------------
