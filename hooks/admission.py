@@ -165,7 +165,8 @@ def _container_problems(container: dict, where: str, volumes: set[str]) -> Itera
     yield from _resources_problems(container.get("resources") or {}, f"{where}.resources")
 
 
-def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
+def _pod_problems(template: dict, where: str, claims: frozenset[str] = frozenset()) -> Iterator[Problem]:
+    """`claims`: the volumes a StatefulSet adds to its pods, one per claim template."""
     yield from _metadata_problems(template.get("metadata"), f"{where}.metadata")
     spec = template.get("spec") or {}
     at = f"{where}.spec"
@@ -186,6 +187,7 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
         volumes.add(name)
     if not spec.get("containers"):
         yield f"{at}.containers", "at least one container is required"
+    mountable = volumes | claims
     names: set[str] = set()
     for kind in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(kind) or []):
@@ -195,7 +197,7 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
             elif name in names:
                 yield f"{at}.{kind}[{index}].name", f"{shown(name)} names two containers"
             names.add(name)
-            yield from _container_problems(container, f"{at}.{kind}[{index}]", volumes)
+            yield from _container_problems(container, f"{at}.{kind}[{index}]", mountable)
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -236,10 +238,11 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
         and _zero(rolling.get("maxUnavailable", "25%"))
     ):
         yield "spec.strategy.rollingUpdate.maxUnavailable", "may not be 0 while maxSurge is 0"
+    claims = frozenset(field_at(claim, "metadata", "name") for claim in spec.get("volumeClaimTemplates") or ())
     for path in POD_TEMPLATES.get(child["kind"], ()):
         template = field_at(child, *path)
         if isinstance(template, dict):
-            yield from _pod_problems(template, ".".join(path))
+            yield from _pod_problems(template, ".".join(path), claims)
 
 
 def _service_problems(child: dict) -> Iterator[Problem]:

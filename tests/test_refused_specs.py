@@ -283,3 +283,12 @@ def test_a_patch_may_set_a_field_newer_than_the_shipped_schemas(hooks: HookClien
     assert answer["status"]["state"] != "failed", answer["status"]["message"]
     decode = children_by_key(answer)[("Deployment", "qwen-pd-decode")]
     assert decode["spec"]["template"]["spec"]["hostnameOverride"] == "d"
+
+
+def test_a_patched_statefulset_mounts_its_claim_templates(hooks: HookClient) -> None:
+    """The NATS pod mounts its store from a claim template, which is no volume of the template."""
+    obj = parent(PD)
+    patch("StatefulSet", "qwen-pd-nats", {"op": "add", "path": "/spec/minReadySeconds", "value": 5})(obj["spec"])
+    answer = hooks.sync(obj)
+    assert answer["status"]["state"] != "failed", answer["status"]["message"]
+    assert children_by_key(answer)[("StatefulSet", "qwen-pd-nats")]["spec"]["minReadySeconds"] == 5
