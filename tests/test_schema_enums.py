@@ -1,6 +1,7 @@
 """The enums of Kubernetes' generated OpenAPI definitions, shipped in hooks/kubernetes-schema.json:
 a value the API server would refuse fails in the hook naming its field, "" is no refusal, and
-the generator reads them from the Go module or says why it cannot."""
+the generator reads them from the Go module or says why it cannot. Also the API server's rules
+on what an enum's value requires elsewhere in the object, which admission checks."""
 
 import copy
 import json
@@ -283,6 +284,116 @@ def test_an_empty_service_port_protocol_is_no_refusal(hooks: HookClient) -> None
     answer = hooks.sync(obj)
     assert answer["status"]["state"] != "failed", answer["status"]["message"]
     assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"]["ports"][0]["protocol"] == ""
+
+
+# --- What a value requires elsewhere ------------------------------------------------------------
+
+EPS = "spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-pd-decode made from it: "
+POD = EPS + "spec.template.spec."
+SIDECAR_PROBE = {"readinessProbe": {"exec": {"command": ["true"]}}}
+GPU_TAINT = {"key": "amd.com/gpu", "operator": "Exists"}
+ON_DELETE_ROLLING = {"type": "OnDelete", "rollingUpdate": {"partition": 0}}
+# A refused spec, what the refusal says, and the spec that fixes it.
+CONTEXTUAL = {
+    "restartPolicy on a regular container": (
+        on_decode({"containers": [{"name": "main", "restartPolicy": "Always"}]}),
+        POD + "containers[0].restartPolicy: may only be set on an init container",
+        on_decode({"initContainers": [{"name": "proxy", "image": "busybox", "restartPolicy": "Always"}]}),
+    ),
+    "an init container's restartPolicy other than Always": (
+        on_decode({"initContainers": [{"name": "proxy", "image": "busybox", "restartPolicy": "OnFailure"}]}),
+        POD + "initContainers[0].restartPolicy: 'OnFailure': an init container's restartPolicy may only be Always",
+        on_decode({"initContainers": [{"name": "proxy", "image": "busybox", "restartPolicy": "Always"}]}),
+    ),
+    "a probe on an init container that is not a sidecar": (
+        on_decode({"initContainers": [{"name": "proxy", "image": "busybox", **SIDECAR_PROBE}]}),
+        POD + "initContainers[0].readinessProbe: may not be set on an init container without restartPolicy Always",
+        on_decode(
+            {"initContainers": [{"name": "proxy", "image": "busybox", "restartPolicy": "Always", **SIDECAR_PROBE}]}
+        ),
+    ),
+    "dnsPolicy None without nameservers": (
+        on_decode({"dnsPolicy": "None"}),
+        POD + "dnsConfig.nameservers: at least one is required when dnsPolicy is None",
+        on_decode({"dnsPolicy": "None", "dnsConfig": {"nameservers": ["10.96.0.10"]}}),
+    ),
+    "a toleration without key or Exists": (
+        on_decode({"tolerations": [{"operator": "Equal", "value": "x"}]}),
+        POD + "tolerations[0].operator: must be Exists when key is empty (which tolerates every taint)",
+        on_decode({"tolerations": [{"operator": "Exists"}]}),
+    ),
+    "a toleration that is Exists with a value": (
+        on_decode({"tolerations": [{**GPU_TAINT, "value": "present"}]}),
+        POD + "tolerations[0].value: must be empty when operator is Exists",
+        on_decode({"tolerations": [{**GPU_TAINT, "operator": "Equal", "value": "present"}]}),
+    ),
+    "tolerationSeconds without NoExecute": (
+        on_decode({"tolerations": [{**GPU_TAINT, "effect": "NoSchedule", "tolerationSeconds": 60}]}),
+        POD + "tolerations[0].effect: must be NoExecute when tolerationSeconds is set",
+        on_decode({"tolerations": [{**GPU_TAINT, "effect": "NoExecute", "tolerationSeconds": 60}]}),
+    ),
+    "a Localhost seccomp profile without its file": (
+        on_decode({"securityContext": {"seccompProfile": {"type": "Localhost"}}}),
+        POD + "securityContext.seccompProfile.localhostProfile: must be set when type is Localhost",
+        on_decode({"securityContext": {"seccompProfile": {"type": "Localhost", "localhostProfile": "infera.json"}}}),
+    ),
+    "an AppArmor profile file without Localhost": (
+        on_decode(
+            {
+                "containers": [
+                    {
+                        "name": "main",
+                        "securityContext": {
+                            "appArmorProfile": {"type": "RuntimeDefault", "localhostProfile": "infera"}
+                        },
+                    }
+                ]
+            }
+        ),
+        POD + "containers[0].securityContext.appArmorProfile.localhostProfile: may only be set when type is Localhost",
+        on_decode(
+            {
+                "containers": [
+                    {
+                        "name": "main",
+                        "securityContext": {"appArmorProfile": {"type": "Localhost", "localhostProfile": "infera"}},
+                    }
+                ]
+            }
+        ),
+    ),
+    "a patch to Recreate that keeps the rendered rollingUpdate": (
+        patched("Deployment", "qwen-pd-decode", {"op": "replace", "path": "/spec/strategy/type", "value": "Recreate"}),
+        "patches[0] (Deployment qwen-pd-decode): the API server would refuse the patched Deployment: "
+        "spec.strategy.rollingUpdate: may not be set when spec.strategy.type is Recreate: remove it with the same patch",
+        patched(
+            "Deployment", "qwen-pd-decode", {"op": "replace", "path": "/spec/strategy", "value": {"type": "Recreate"}}
+        ),
+    ),
+    "a patched StatefulSet that is OnDelete with a rollingUpdate": (
+        patched(
+            "StatefulSet", "qwen-pd-nats", {"op": "add", "path": "/spec/updateStrategy", "value": ON_DELETE_ROLLING}
+        ),
+        "patches[0] (StatefulSet qwen-pd-nats): the API server would refuse the patched StatefulSet: "
+        "spec.updateStrategy.rollingUpdate: may not be set when spec.updateStrategy.type is OnDelete: remove it with "
+        "the same patch",
+        patched(
+            "StatefulSet", "qwen-pd-nats", {"op": "add", "path": "/spec/updateStrategy", "value": {"type": "OnDelete"}}
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONTEXTUAL)
+def test_what_a_value_requires_elsewhere_is_checked_and_its_fix_accepted(
+    converged: Metacontroller, hooks: HookClient, case: str
+) -> None:
+    refused, message, fixed = CONTEXTUAL[case]
+    assert converged.refusal(refused) == message
+    obj = parent(PD)
+    fixed(obj["spec"])
+    status = hooks.sync(obj)["status"]
+    assert status["state"] != "failed", status["message"]
 
 
 # --- The generator ----------------------------------------------------------------------------
