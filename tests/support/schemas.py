@@ -187,9 +187,9 @@ def _references(node: Any) -> Iterator[str]:
             yield from _references(item)
 
 
-# Go source as tokens: strings (raw or interpreted), comments, words (identifiers, qualified
-# names, numbers) and single characters.
-GO_TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|`[^`]*`|//[^\n]*|/\*.*?\*/|[\w.]+|\S', re.S)
+# Go source as tokens: strings (raw or interpreted), runes, comments, words (identifiers,
+# qualified names, numbers) and single characters.
+GO_TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|`[^`]*`|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/|[\w.]+|\S', re.S)
 # An enum's place in a definition: the braces around it, below the definition's own schema
 # (`Schema: spec.Schema{SchemaProps: spec.SchemaProps{...}}`), as JSON Schema keys.
 DEFINITION_SCHEMA = [None, "Schema", "SchemaProps"]
@@ -250,7 +250,7 @@ def openapi_enums(source: str) -> dict[str, dict[Location, list[str]]]:
         elif token == "}" and in_type:
             in_type = False
         elif token == "{":
-            labels.append(key if labels or key else f"func {function}")
+            labels.append(key if labels else f"func {function}")  # at the top, the body of a function
             if key == "Enum":
                 values = []
             key = None
