@@ -71,8 +71,8 @@ def go_module_cache() -> Path:
         answer = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         answer = ""
-    default = Path(os.environ.get("GOPATH") or Path.home() / "go") / "pkg" / "mod"
-    return Path(answer or os.environ.get("GOMODCACHE") or default)
+    gopath = (os.environ.get("GOPATH") or str(Path.home() / "go")).split(os.pathsep)[0]  # Go uses the first
+    return Path(answer or os.environ.get("GOMODCACHE") or Path(gopath) / "pkg" / "mod")
 
 
 def go_module(module: str) -> Path:
