@@ -3,8 +3,9 @@
 Children rendered from typed fields are valid by construction (the test suite validates every
 one against Kubernetes' schemas). Three inputs are free-form: a service's `extraPodSpec`, its
 autoscaling metrics and behavior, and `spec.patches`. The children they shape are checked here, against Kubernetes 1.33's schemas
-(hooks/kubernetes_schema.py) and the API server's own rules for what a schema cannot say
-(names, ports, selectors, sizes), so that a bad spec fails in status naming its field instead
+(hooks/kubernetes_schema.py, enums included) and the API server's own rules for what a schema
+cannot say (names, ports, selectors, sizes, what a value such as dnsPolicy None requires
+elsewhere), so that a bad spec fails in status naming its field instead
 of every apply failing where only events show it.
 
 Custom kinds (LeaderWorkerSet, InferencePool, HTTPRoute) get their pod templates checked; the
@@ -41,7 +42,10 @@ from hooks.vocabulary import SERVICE_LABEL
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
-PROTOCOLS = ("TCP", "UDP", "SCTP")
+# What only an init container whose restartPolicy is Always (a sidecar) may set.
+SIDECAR_FIELDS = ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe")
+# A workload's strategy field, and its type that takes no rollingUpdate.
+WITHOUT_ROLLING_UPDATE = {"Deployment": ("strategy", "Recreate"), "StatefulSet": ("updateStrategy", "OnDelete")}
 # Resource names the API server knows without a domain prefix.
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 POD_TEMPLATES: dict[str, list[tuple[str, ...]]] = {
@@ -139,8 +143,6 @@ def _container_problems(container: dict, where: str, volumes: set[str]) -> Itera
             yield f"{at}.containerPort", f"{port['containerPort']} is not a port number (1-65535)"
         if port.get("hostPort") and not 1 <= port["hostPort"] <= 65535:
             yield f"{at}.hostPort", f"{port['hostPort']} is not a port number (1-65535)"
-        if port.get("protocol") not in (None, *PROTOCOLS):
-            yield f"{at}.protocol", f"{shown(port['protocol'])} must be one of {', '.join(PROTOCOLS)}"
         if port.get("name"):
             if problem := _port_name_problem(port["name"]):
                 yield f"{at}.name", problem
@@ -168,12 +170,54 @@ def _container_problems(container: dict, where: str, volumes: set[str]) -> Itera
     yield from _resources_problems(container.get("resources") or {}, f"{where}.resources")
 
 
-def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
+def _restart_policy_problems(container: dict, kind: str, where: str) -> Iterator[Problem]:
+    """Kubernetes 1.33: only an init container takes a restartPolicy, and only Always. The field
+    is a pointer, so the API server refuses "" too."""
+    policy = container.get("restartPolicy")
+    if kind == "containers" and policy is not None:
+        yield f"{where}.restartPolicy", "may only be set on an init container"
+    elif kind == "initContainers" and policy not in (None, "Always"):
+        yield f"{where}.restartPolicy", f"{shown(policy)}: an init container's restartPolicy may only be Always"
+    elif kind == "initContainers" and policy is None:
+        for field in SIDECAR_FIELDS:
+            if container.get(field) is not None:
+                yield f"{where}.{field}", "may not be set on an init container without restartPolicy Always"
+
+
+def _profile_problems(security_context: dict | None, where: str) -> Iterator[Problem]:
+    """A Localhost seccomp or AppArmor profile names its file; the other types take none."""
+    for field in ("seccompProfile", "appArmorProfile"):
+        profile = (security_context or {}).get(field) or {}
+        localhost = profile.get("localhostProfile") is not None
+        if profile.get("type") == "Localhost" and not localhost:
+            yield f"{where}.{field}.localhostProfile", "must be set when type is Localhost"
+        elif profile.get("type") != "Localhost" and localhost:
+            yield f"{where}.{field}.localhostProfile", "may only be set when type is Localhost"
+
+
+def _toleration_problems(toleration: dict | None, where: str) -> Iterator[Problem]:
+    toleration = toleration or {}  # the API server reads a null item as an empty toleration
+    operator = toleration.get("operator")
+    if not toleration.get("key") and operator != "Exists":
+        yield f"{where}.operator", "must be Exists when key is empty (which tolerates every taint)"
+    if operator == "Exists" and toleration.get("value"):
+        yield f"{where}.value", "must be empty when operator is Exists"
+    if toleration.get("tolerationSeconds") is not None and toleration.get("effect") != "NoExecute":
+        yield f"{where}.effect", "must be NoExecute when tolerationSeconds is set"
+
+
+def _pod_problems(template: dict, where: str, claims: frozenset[str] = frozenset()) -> Iterator[Problem]:
+    """`claims`: the volumes a StatefulSet adds to its pods, one per claim template."""
     yield from _metadata_problems(template.get("metadata"), f"{where}.metadata")
     spec = template.get("spec") or {}
     at = f"{where}.spec"
-    if spec.get("restartPolicy") not in (None, "Always"):
+    if spec.get("restartPolicy") not in (None, "", "Always"):  # "" is defaulted to Always
         yield f"{at}.restartPolicy", f"{shown(spec['restartPolicy'])}: a workload's pods must use Always"
+    if spec.get("dnsPolicy") == "None" and not (spec.get("dnsConfig") or {}).get("nameservers"):
+        yield f"{at}.dnsConfig.nameservers", "at least one is required when dnsPolicy is None"
+    for index, toleration in enumerate(spec.get("tolerations") or []):
+        yield from _toleration_problems(toleration, f"{at}.tolerations[{index}]")
+    yield from _profile_problems(spec.get("securityContext"), f"{at}.securityContext")
     volumes: set[str] = set()
     for index, volume in enumerate(spec.get("volumes") or []):
         name = volume["name"]
@@ -189,6 +233,7 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
         volumes.add(name)
     if not spec.get("containers"):
         yield f"{at}.containers", "at least one container is required"
+    mountable = volumes | claims
     names: set[str] = set()
     for kind in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(kind) or []):
@@ -198,7 +243,9 @@ def _pod_problems(template: dict, where: str) -> Iterator[Problem]:
             elif name in names:
                 yield f"{at}.{kind}[{index}].name", f"{shown(name)} names two containers"
             names.add(name)
-            yield from _container_problems(container, f"{at}.{kind}[{index}]", volumes)
+            yield from _restart_policy_problems(container, kind, f"{at}.{kind}[{index}]")
+            yield from _profile_problems(container.get("securityContext"), f"{at}.{kind}[{index}].securityContext")
+            yield from _container_problems(container, f"{at}.{kind}[{index}]", mountable)
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -231,6 +278,14 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
             yield "spec.selector", "must select the template's pods"
         elif not _selects(selector, labels):
             yield "spec.template.metadata.labels", "do not match spec.selector"
+    if child["kind"] in WITHOUT_ROLLING_UPDATE:
+        field, without = WITHOUT_ROLLING_UPDATE[child["kind"]]
+        strategy = spec.get(field) or {}
+        if strategy.get("type") == without and strategy.get("rollingUpdate") is not None:
+            yield (
+                f"spec.{field}.rollingUpdate",
+                f"may not be set when spec.{field}.type is {without}: remove it with the same patch",
+            )
     rolling = field_at(spec, "strategy", "rollingUpdate")
     # Both default to 25% when absent.
     if (
@@ -239,10 +294,11 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
         and _zero(rolling.get("maxUnavailable", "25%"))
     ):
         yield "spec.strategy.rollingUpdate.maxUnavailable", "may not be 0 while maxSurge is 0"
+    claims = frozenset(field_at(claim, "metadata", "name") for claim in spec.get("volumeClaimTemplates") or ())
     for path in POD_TEMPLATES.get(child["kind"], ()):
         template = field_at(child, *path)
         if isinstance(template, dict):
-            yield from _pod_problems(template, ".".join(path))
+            yield from _pod_problems(template, ".".join(path), claims)
 
 
 def _service_problems(child: dict) -> Iterator[Problem]:
@@ -257,8 +313,6 @@ def _service_problems(child: dict) -> Iterator[Problem]:
             yield f"{at}.targetPort", f"{target} is not a port number (1-65535)"
         elif isinstance(target, str) and (problem := _port_name_problem(target)):
             yield f"{at}.targetPort", problem
-        if port.get("protocol") not in (None, *PROTOCOLS):
-            yield f"{at}.protocol", f"{shown(port['protocol'])} must be one of {', '.join(PROTOCOLS)}"
         name = port.get("name")
         if len(ports) > 1 and not name:
             yield f"{at}.name", "every port of a Service with several ports needs a name"

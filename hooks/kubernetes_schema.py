@@ -10,6 +10,11 @@ Three uses:
   every sync);
 - a HorizontalPodAutoscaler made from a service's autoscaling metrics and behavior
   (`StrictHorizontalPodAutoscaler`): complete, and every field known, for the same reason.
+
+Enums (from Kubernetes' generated OpenAPI definitions) admit "" besides their values: for most
+of them the API server cannot tell "" from an absent field (a Go string, which defaulting fills
+or which means "any", as a toleration's effect does), and refusing a valid spec is worse than
+missing a rare refusal. They admit null too: as everywhere in these schemas, an absent field.
 """
 
 import json
@@ -28,6 +33,7 @@ PARTIAL_ROOTS = {"PartialPodSpec": "io.k8s.api.core.v1.PodSpec"}
 STRICT = "strict."
 STRICT_ROOTS = {"StrictHorizontalPodAutoscaler": "io.k8s.api.autoscaling.v2.HorizontalPodAutoscaler"}
 Problem = tuple[str, str]  # (path in the object, what is wrong)
+ABSENT = ("", None)  # what every enum admits besides its values
 
 
 def _variant(node: Any, prefix: str, dropped: tuple[str, ...] = ()) -> Any:
@@ -57,6 +63,18 @@ def _open(node: Any) -> Any:
     return node
 
 
+def _admitting_absent(node: Any) -> Any:
+    """A definition whose enums admit ABSENT."""
+    if isinstance(node, dict):
+        out = {key: _admitting_absent(value) for key, value in node.items()}
+        if isinstance(node.get("enum"), list):
+            out["enum"] = node["enum"] + [value for value in ABSENT if value not in node["enum"]]
+        return out
+    if isinstance(node, list):
+        return [_admitting_absent(item) for item in node]
+    return node
+
+
 @cache
 def _document() -> dict[str, Any]:
     return json.loads(resources.files("hooks").joinpath("kubernetes-schema.json").read_text(encoding="utf-8"))
@@ -66,11 +84,10 @@ def _schema() -> dict[str, Any]:
     """One schema for every kind: an object keyed by kind, so the definitions they share are
     compiled once (and only those a kind refers to)."""
     document = _document()
-    definitions = {name: _open(schema) for name, schema in document["definitions"].items()}
+    shipped = {name: _admitting_absent(schema) for name, schema in document["definitions"].items()}
+    definitions = {name: _open(schema) for name, schema in shipped.items()}
     for prefix, dropped in ((PARTIAL, ("required",)), (STRICT, ())):
-        definitions |= {
-            prefix + name: _variant(schema, prefix, dropped) for name, schema in document["definitions"].items()
-        }
+        definitions |= {prefix + name: _variant(schema, prefix, dropped) for name, schema in shipped.items()}
     roots = {kind: f"#/definitions/{name}" for kind, name in document["roots"].items()}
     roots |= {kind: f"#/definitions/{PARTIAL}{name}" for kind, name in PARTIAL_ROOTS.items()}
     roots |= {kind: f"#/definitions/{STRICT}{name}" for kind, name in STRICT_ROOTS.items()}
@@ -129,6 +146,11 @@ def problem(kind: str, obj: Any, prefix: tuple = ()) -> Problem | None:
             known = (error.definition or {}).get("properties") or {}
             unknown = sorted(key for key in error.value if key not in known)
             detail = f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+        elif error.rule == "enum":
+            from hooks.api import shown  # here: the child process that compiles the schema need not load the API
+
+            values = ", ".join(value for value in error.rule_definition if value not in ABSENT)
+            detail = f"must be one of {values} (not {shown(error.value)})"
         inside = name.removeprefix(f"data.{kind}").lstrip(".")
         return ".".join(filter(None, (path(prefix), inside))) or kind, detail
     return None

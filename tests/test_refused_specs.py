@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.prerequisites import REPO
+from tests.support.prerequisites import REPO, need_go_module
 from tests.support.requests import PD, children_by_key, parent, request_body
-from tests.support.schemas import hook_schema
+from tests.support.schemas import KUBERNETES_MODULE, hook_schema
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
 
@@ -22,17 +22,6 @@ def converged(hooks) -> Metacontroller:
     mc = Metacontroller(hooks, parent(PD))
     mc.converge()
     return mc
-
-
-def refusal(converged: Metacontroller, change: Change) -> str:
-    """The failed message a converged PD graph gets for `change`; asserts nothing was written."""
-    mc = copy.deepcopy(converged)
-    before = {key: dict(child) for key, child in mc.children.items()}
-    mc.edit(change)
-    writes = mc.sync()
-    assert mc.child_writes(writes) == [] and mc.children == before
-    assert mc.parent["status"]["state"] == "failed"
-    return mc.parent["status"]["message"]
 
 
 def rename_service(old: str, new: str) -> Change:
@@ -66,12 +55,12 @@ TRAILING_NEWLINES = {
 @pytest.mark.parametrize("case", TRAILING_NEWLINES)
 def test_a_trailing_newline_is_not_a_valid_name(converged: Metacontroller, case: str) -> None:
     change, message = TRAILING_NEWLINES[case]
-    assert refusal(converged, change) == message
+    assert converged.refusal(change) == message
 
 
 def test_a_child_over_the_object_size_limit_is_refused(converged: Metacontroller) -> None:
     big = {"name": "BLOB", "value": "x" * (1536 * 1024)}
-    message = refusal(converged, lambda spec: spec.update(envs=[big]))
+    message = converged.refusal(lambda spec: spec.update(envs=[big]))
     assert re.fullmatch(
         r"Deployment qwen-pd-decode would be 1,5\d\d,\d\d\d bytes; the API server stores at most 1,572,864 bytes "
         r"\(1\.5 MiB\) per object: shorten what the spec puts in it \(envs, args, extraPodSpec, patches\)",
@@ -85,7 +74,7 @@ def test_an_answer_over_the_size_bound_is_refused(converged: Metacontroller) -> 
         for index in range(20):
             spec["services"][f"pool{index:02d}"] = copy.deepcopy(spec["services"]["decode"])
 
-    message = refusal(converged, many_services_with_long_envs)
+    message = converged.refusal(many_services_with_long_envs)
     # Rendering stops at the first child past the bound (8 MiB at 600 KiB per pool: the 14th pool).
     assert re.fullmatch(
         r"the graph's children would be 8,\d\d\d,\d\d\d bytes together, past the hook's bound of 8,388,608 bytes "
@@ -131,7 +120,7 @@ def test_an_unknown_field_names_the_field_it_likely_misspells(converged: Metacon
 
 def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontroller) -> None:
     key = "k" * 100_000 + "\n"
-    message = refusal(converged, lambda spec: spec["services"]["decode"].update(podLabels={key: "a"}))
+    message = converged.refusal(lambda spec: spec["services"]["decode"].update(podLabels={key: "a"}))
     assert message == (
         "invalid spec: spec.services.decode.podLabels: '"
         + "k" * 99
@@ -140,7 +129,7 @@ def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontrol
     )
     # However many things it lists, a message is cut to 2048 characters, saying so.
     unknown = {f"field{index:04d}": 1 for index in range(1000)}
-    message = refusal(converged, extra("decode", **unknown))
+    message = converged.refusal(extra("decode", **unknown))
     assert len(message) <= 2048
     assert message.startswith("spec.services.decode.extraPodSpec: 'field0000', 'field0001', ")
     assert message.endswith(" more characters)")
@@ -309,10 +298,11 @@ REFUSED_BY_THE_API_SERVER = {
 @pytest.mark.parametrize("case", REFUSED_BY_THE_API_SERVER)
 def test_what_the_api_server_would_refuse_fails_in_the_hook(converged: Metacontroller, case: str) -> None:
     change, message = REFUSED_BY_THE_API_SERVER[case]
-    assert refusal(converged, change) == message
+    assert converged.refusal(change) == message
 
 
 def test_committed_kubernetes_schema_is_what_the_generator_prints() -> None:
+    need_go_module(KUBERNETES_MODULE)  # the enums' source
     committed = (REPO / "hooks" / "kubernetes-schema.json").read_text()
     assert committed == hook_schema(), "regenerate: python -m tests.support.schemas > hooks/kubernetes-schema.json"
 
@@ -327,3 +317,12 @@ def test_a_patch_may_set_a_field_newer_than_the_shipped_schemas(hooks: HookClien
     assert answer["status"]["state"] != "failed", answer["status"]["message"]
     decode = children_by_key(answer)[("Deployment", "qwen-pd-decode")]
     assert decode["spec"]["template"]["spec"]["hostnameOverride"] == "d"
+
+
+def test_a_patched_statefulset_mounts_its_claim_templates(hooks: HookClient) -> None:
+    """The NATS pod mounts its store from a claim template, which is no volume of the template."""
+    obj = parent(PD)
+    patch("StatefulSet", "qwen-pd-nats", {"op": "add", "path": "/spec/minReadySeconds", "value": 5})(obj["spec"])
+    answer = hooks.sync(obj)
+    assert answer["status"]["state"] != "failed", answer["status"]["message"]
+    assert children_by_key(answer)[("StatefulSet", "qwen-pd-nats")]["spec"]["minReadySeconds"] == 5

@@ -5,7 +5,10 @@ INFERA_REQUIRE_ALL=1 (set by .ci/run) it fails instead, so CI cannot pass by ski
 """
 
 import os
+import re
 import shutil
+import subprocess
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -57,6 +60,31 @@ def need_runtime() -> Path:
         f"the Infera runtime (AMD-AGI/Infera 5890f7f) and the SGLang and vLLM option lists are not at {RUNTIME}: {FETCH}",
     )
     return RUNTIME
+
+
+@cache
+def go_module_cache() -> Path:
+    """Where `go mod download` puts modules: `go env GOMODCACHE` (Go on PATH or where its
+    tarball installs), else Go's default ($GOMODCACHE, or $GOPATH/pkg/mod, GOPATH ~/go)."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    try:
+        answer = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        answer = ""
+    gopath = (os.environ.get("GOPATH") or str(Path.home() / "go")).split(os.pathsep)[0]  # Go uses the first
+    return Path(answer or os.environ.get("GOMODCACHE") or Path(gopath) / "pkg" / "mod")
+
+
+def go_module(module: str) -> Path:
+    """The directory of `module` (path@version) in the cache, which spells an upper-case letter
+    as '!' and its lower case."""
+    return go_module_cache() / re.sub("[A-Z]", lambda letter: "!" + letter[0].lower(), module)
+
+
+def need_go_module(module: str) -> Path:
+    directory = go_module(module)
+    need(directory.is_dir(), f"the Go module {module} is not downloaded (go mod download {module})")
+    return directory
 
 
 def need_kubectl() -> str:

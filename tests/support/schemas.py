@@ -7,6 +7,7 @@ vanishing on the cluster.
 """
 
 import json
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -16,9 +17,15 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from tests.support.prerequisites import REPO, SCHEMAS, need_schemas
+from tests.support.prerequisites import REPO, SCHEMAS, go_module, need_schemas
 
 KUBERNETES_VERSION = "1.33.0"
+# The enums the API server knows are declared only in the Go definitions kube-openapi generates
+# for it (`Enum: []interface{}{...}`): kubernetes-validate's schemas, like the openapi-spec files
+# Kubernetes publishes, carry none. Read at generation time, never copied.
+KUBERNETES_MODULE = f"k8s.io/kubernetes@v{KUBERNETES_VERSION}"
+OPENAPI_PACKAGE = "pkg/generated/openapi"
+OPENAPI_DEFINITIONS = f"{OPENAPI_PACKAGE}/zz_generated.openapi.go"
 
 
 def strict_json_schema(node: Any, name: str = "") -> Any:
@@ -180,11 +187,135 @@ def _references(node: Any) -> Iterator[str]:
             yield from _references(item)
 
 
+# Go source as tokens: strings (raw or interpreted), runes, comments, words (identifiers,
+# qualified names, numbers) and single characters.
+GO_TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|`[^`]*`|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/|[\w.]+|\S', re.S)
+# An enum's place in a definition: the braces around it, below the definition's own schema
+# (`Schema: spec.Schema{SchemaProps: spec.SchemaProps{...}}`), as JSON Schema keys.
+DEFINITION_SCHEMA = [None, "Schema", "SchemaProps"]
+NESTED_SCHEMAS = {"Items": "items", "AdditionalProperties": "additionalProperties"}
+Location = tuple[str, ...]
+
+
+def _go_string(token: str) -> str:
+    if token.startswith("`"):
+        return token[1:-1]
+    if token.startswith('"'):
+        return json.loads(token)
+    return token
+
+
+def _json_location(function: str, labels: list[str | None]) -> Location:
+    """("properties", "ports", "items", "properties", "protocol") from the labels of the braces
+    around an Enum: [None, "Schema", "SchemaProps", "Properties", "ports", "SchemaProps", "Items",
+    "Schema", "SchemaProps", ...]."""
+    unknown = ValueError(f"{OPENAPI_DEFINITIONS}: an Enum in {function} at {labels}, a place this reader does not know")
+    if labels[: len(DEFINITION_SCHEMA)] != DEFINITION_SCHEMA:
+        raise unknown
+    location: list[str] = []
+    rest = labels[len(DEFINITION_SCHEMA) :]
+    while rest:
+        (kind, *below), rest = rest[:3], rest[3:]
+        if kind == "Properties" and len(below) == 2 and below[0] is not None and below[1] == "SchemaProps":
+            location += ["properties", below[0]]  # "Properties": {"name": {SchemaProps: ...}}
+        elif kind in NESTED_SCHEMAS and below == ["Schema", "SchemaProps"]:
+            location.append(NESTED_SCHEMAS[kind])  # "Items": {Schema: {SchemaProps: ...}}
+        else:
+            raise unknown
+    return tuple(location)
+
+
+def openapi_enums(source: str) -> dict[str, dict[Location, list[str]]]:
+    """OpenAPI definition name (io.k8s.api.core.v1.Container) -> the enums in its schema, from
+    the text of zz_generated.openapi.go: functions (`func schema_k8sio_api_core_v1_Container`)
+    returning composite literals, named in GetOpenAPIDefinitions' map
+    ("k8s.io/api/core/v1.Container": schema_k8sio_api_core_v1_Container(ref))."""
+    by_function: dict[str, dict[Location, list[str]]] = {}
+    names: dict[str, str] = {}  # function -> Go type name
+    labels: list[str | None] = []  # what each open brace is the value of: its element's key
+    key: str | None = None  # the key of the element being read, once its ':' is seen
+    function = previous = ""
+    values: list[str] | None = None  # the strings of the Enum being read
+    in_type = False  # between the braces of `interface{}`
+    for match in GO_TOKEN.finditer(source):
+        token = match[0]
+        if token.startswith(("//", "/*")):
+            continue
+        if values is not None and token not in ("}", ","):
+            if not token.startswith(('"', "`")):
+                raise ValueError(f"{OPENAPI_DEFINITIONS}: an Enum in {function} holds {token}, not only strings")
+            values.append(_go_string(token))
+        elif token == "{" and previous == "interface":
+            in_type = True
+        elif token == "}" and in_type:
+            in_type = False
+        elif token == "{":
+            labels.append(key if labels else f"func {function}")  # at the top, the body of a function
+            if key == "Enum":
+                values = []
+            key = None
+        elif token == "}":
+            if values is not None:
+                location = _json_location(function, labels[1:-1])
+                by_function.setdefault(function, {})[location] = values
+                values = None
+            labels.pop()
+            key = None
+        elif token == ",":
+            key = None
+        elif token == ":":
+            key = _go_string(previous)
+        elif previous == "func" and not labels:
+            function = token
+        elif key is not None and labels == ["func GetOpenAPIDefinitions", None] and token.startswith("schema_"):
+            names[token] = key
+        previous = token
+    declared = len(re.findall(r"^\s*Enum:\s", source, re.M))
+    found = sum(len(enums) for enums in by_function.values())
+    if not names or not found or found != declared:
+        raise ValueError(
+            f"{OPENAPI_DEFINITIONS}: read {len(names)} definition names and {found} of the {declared} Enums it "
+            "declares: its shape is not what this reader expects"
+        )
+    unnamed = sorted(set(by_function) - set(names))
+    if unnamed:
+        raise ValueError(f"{OPENAPI_DEFINITIONS}: GetOpenAPIDefinitions names no type for {', '.join(unnamed)}")
+    return {_openapi_name(name): by_function.get(function, {}) for function, name in names.items()}
+
+
+def _openapi_name(go_name: str) -> str:
+    """io.k8s.api.core.v1.Container for k8s.io/api/core/v1.Container, as kube-openapi names it:
+    the domain reversed, '/' as '.'."""
+    domain, _, rest = go_name.partition("/")
+    return ".".join([*reversed(domain.split(".")), *rest.split("/")])
+
+
+def kubernetes_enums() -> dict[str, dict[Location, list[str]]]:
+    """openapi_enums of KUBERNETES_MODULE, read from the Go module cache."""
+    source = go_module(KUBERNETES_MODULE) / OPENAPI_DEFINITIONS
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: download the Go module first: go mod download {KUBERNETES_MODULE}")
+    return openapi_enums(source.read_text())
+
+
+def _with_enums(name: str, definition: dict[str, Any], enums: dict[Location, list[str]]) -> dict[str, Any]:
+    for location, values in enums.items():
+        node: Any = definition
+        for step in location:
+            node = node.get(step) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or "string" not in node.get("type", ()):
+            raise ValueError(f"{name}: kubernetes-validate has no string at {'.'.join(location)} for the enum {values}")
+        node["enum"] = values
+    return definition
+
+
 def hook_schema() -> str:
     """hooks/kubernetes-schema.json: the Kubernetes 1.33 definitions of HOOK_SCHEMA_ROOTS and
-    everything they reference, generated from kubernetes-validate's strict schemas."""
+    everything they reference, generated from kubernetes-validate's strict schemas, with the
+    enums of Kubernetes' generated OpenAPI definitions (KUBERNETES_MODULE)."""
     root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBERNETES_VERSION}-local-strict"
     definitions = json.loads((root / "_definitions.json").read_text())["$defs"]
+    enums = kubernetes_enums()
     wanted: set[str] = set()
     pending = list(HOOK_SCHEMA_ROOTS.values())
     while pending:
@@ -192,10 +323,16 @@ def hook_schema() -> str:
         if name not in wanted:
             wanted.add(name)
             pending.extend(_references(definitions[name]))
+    unknown = sorted(wanted - set(enums))
+    if unknown:
+        raise ValueError(f"{OPENAPI_DEFINITIONS} defines none of {', '.join(unknown)}")
     document = {
         "kubernetesVersion": KUBERNETES_VERSION,
+        "enumsFrom": f"{KUBERNETES_MODULE} {OPENAPI_PACKAGE}",
         "roots": HOOK_SCHEMA_ROOTS,
-        "definitions": {name: _hook_definition(definitions[name]) for name in sorted(wanted)},
+        "definitions": {
+            name: _with_enums(name, _hook_definition(definitions[name]), enums[name]) for name in sorted(wanted)
+        },
     }
     return json.dumps(document, sort_keys=True, indent=1) + "\n"
 

@@ -310,3 +310,14 @@ class Metacontroller:
 
     def child_writes(self, writes: list[Write]) -> list[Write]:
         return [write for write in writes if write[0] != "status"]
+
+    def refusal(self, change: Callable[[dict[str, Any]], None]) -> str:
+        """The failed message a copy of this (converged) graph gets for the spec edit `change`;
+        asserts the sync wrote no child and kept every one as it was."""
+        mc = copy.deepcopy(self)
+        before = {key: dict(child) for key, child in mc.children.items()}
+        mc.edit(change)
+        writes = mc.sync()
+        assert mc.child_writes(writes) == [] and mc.children == before
+        assert mc.parent["status"]["state"] == "failed"
+        return mc.parent["status"]["message"]
