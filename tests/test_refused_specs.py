@@ -115,7 +115,7 @@ MISSPELT_FIELDS = {
 @pytest.mark.parametrize("case", MISSPELT_FIELDS)
 def test_an_unknown_field_names_the_field_it_likely_misspells(converged: Metacontroller, case: str) -> None:
     change, message = MISSPELT_FIELDS[case]
-    assert refusal(converged, change) == message
+    assert converged.refusal(change) == message
 
 
 def test_a_failure_message_stays_short_whatever_it_quotes(converged: Metacontroller) -> None:
