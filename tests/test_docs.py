@@ -45,6 +45,20 @@ def test_readme_is_a_short_front_door() -> None:
     ]
 
 
+def test_the_readme_diagram_names_every_child_kind() -> None:
+    from hooks import vocabulary
+
+    diagram = README.read_text().split("```\n", 2)[1]
+    assert [kind.kind for kind in vocabulary.CHILD_KINDS if kind.kind not in diagram] == []
+
+
+def test_no_page_offers_renders_to_kubectl_apply() -> None:
+    """Objects created from `render` lack Metacontroller's controller reference and block it."""
+    for page in pages():
+        text = " ".join(page.read_text().split())
+        assert "kubectl apply -f -" not in text and "ready for `kubectl apply" not in text, page.name
+
+
 def test_exactly_two_setup_commands() -> None:
     serve, test = setup_commands()
     assert serve == "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/infera-hooks serve"
