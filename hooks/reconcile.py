@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hooks import admission, preflight, status, vocabulary
-from hooks.api import InferaDeployment, SpecError
+from hooks import admission, preflight, runtime, status, vocabulary
+from hooks.api import InferaDeployment, SpecError, primary_index
 from hooks.contract import HookRequest, as_kept, as_last_applied
 from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.immutable import encoded, keep_immutable_fields
@@ -91,15 +91,14 @@ def _rendered(
     idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], inputs: RenderInputs
 ) -> list[dict]:
     sizes = RenderedSize()
-    children: list[dict] = []
     cache_children, kept_jobs = _model_cache_children(idep, inputs)
+    services: list[dict] = []
+    server_templates: list[dict] = []
 
     def add(child: dict) -> None:
         sizes.add(child)
-        children.append(child)
+        services.append(child)
 
-    for child in discovery.render(idep) + nats.render(idep) + cache_children + gateway:
-        add(child)
     for service, svc in sorted(idep.spec.services.items()):
         name = vocabulary.child_name(idep, service)
         # No GPU pod sits idle while the weights move: a new worker pool waits for the download.
@@ -108,16 +107,34 @@ def _rendered(
                 continue
         add(workload(idep, service, svc, inputs.live_replicas.get(service), _model_dir(idep, inputs, service)))
         if not svc.is_worker:
+            server_templates.append(services[-1]["spec"]["template"])
             add(server_service(idep, service, svc))
         for child in autoscaling.render(idep, service, svc):
             # A budget nobody asked for is left out where the controller cannot create it,
             # rather than holding up the pool (default_budgets_left_out says so).
             if child["kind"] != "PodDisruptionBudget" or svc.disruption_budget is not None or allows(child):
                 add(child)
+    # The routers' identity grants what their rendered command lines need, so it comes after
+    # them; it is answered first, with the rest of the plumbing, then the services by name.
+    plumbing = discovery.render(idep, _serve_scaling_api(server_templates)) + nats.render(idep) + cache_children
+    for child in plumbing + gateway:
+        sizes.add(child)
+    children = plumbing + gateway + services
     patched = apply_patches(idep.spec.patches or [], children, sizes)
     _check_autoscaler_owned(idep, children, patched)
     admission.check(idep, children, patched)
     return patched + kept_jobs
+
+
+def _serve_scaling_api(server_templates: list[dict]) -> bool:
+    """Whether a server's router serves the scaling API, as its primary container starts it."""
+    for template in server_templates:
+        containers = template["spec"]["containers"]
+        primary = containers[primary_index(containers) or 0]
+        started = preflight.entry_point(primary)
+        if started is not None and runtime.scaling_api_enabled(started.argv, primary.get("env") or []):
+            return True
+    return False
 
 
 def _model_cache_children(idep: InferaDeployment, inputs: RenderInputs) -> tuple[list[dict], list[dict]]:

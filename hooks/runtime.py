@@ -261,6 +261,17 @@ def grace_seconds(argv: list[str], env: list[dict]) -> int:
     return max(MIN_GRACE_SECONDS, PRESTOP_SECONDS + drain_seconds(argv, env) + TEARDOWN_SECONDS)
 
 
+SCALING_API_FLAG = "--enable-scaling-api"
+SCALING_API_ENV = "INFERA_ENABLE_SCALING_API"
+
+
+def scaling_api_enabled(argv: list[str], env: list[dict]) -> bool:
+    """Whether the router serves the scaling API: the flag (a store_true), else the variable
+    that is its default, true for 1, true or yes in any case (infera/server/args.py)."""
+    value = _literal_env(env, SCALING_API_ENV)
+    return SCALING_API_FLAG in argv or (value or "").lower() in ("1", "true", "yes")
+
+
 def ready_timeout_seconds(env: list[dict]) -> int:
     """How long the wrapper waits for the engine, at most a day; a value it cannot read leaves its
     default."""

@@ -19,7 +19,10 @@ GAIE_FRONTEND_LABEL = "infera.amd.com/gaie-frontend"
 
 # Suffixes of the plumbing children; a service of the same name would collide with them.
 NATS_SUFFIX = "nats"
+# The routers' discovery identity; the workers' registration identity is part of it (its service
+# label), so needs no reserved service name.
 DISCOVERY_SUFFIX = "disc"
+REGISTRATION_SUFFIX = "register"
 EPP_SUFFIX = "epp"
 # The model cache's claim, and the service label of its claim and download Jobs.
 MODELS_SUFFIX = "models"

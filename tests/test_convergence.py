@@ -103,9 +103,9 @@ def test_switching_to_etcd_discovery_releases_the_identity_cleanly(hooks) -> Non
     mc.edit(lambda spec: spec.update(discoveryBackend="etcd", etcdEndpoint="etcd:2379"))
     writes = mc.child_writes(mc.sync())
     assert sorted(w for w in writes if w[0] == "delete") == [
-        ("delete", "Role", "qwen-pd-disc"),
-        ("delete", "RoleBinding", "qwen-pd-disc"),
-        ("delete", "ServiceAccount", "qwen-pd-disc"),
+        ("delete", kind, f"qwen-pd-{account}")
+        for kind in ("Role", "RoleBinding", "ServiceAccount")
+        for account in ("disc", "register")
     ]
     assert sorted(w for w in writes if w[0] == "update") == [
         ("update", "Deployment", f"qwen-pd-{name}") for name in ("decode", "prefill", "server")

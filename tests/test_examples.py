@@ -26,13 +26,9 @@ def test_the_documented_examples_exist() -> None:
     }
 
 
-PLUMBING = {
-    ("ServiceAccount", "disc"),
-    ("Role", "disc"),
-    ("RoleBinding", "disc"),
-    ("StatefulSet", "nats"),
-    ("Service", "nats"),
-}
+# The routers' and the workers' identities under kubernetes discovery.
+IDENTITIES = {(kind, account) for kind in ("ServiceAccount", "Role", "RoleBinding") for account in ("disc", "register")}
+PLUMBING = IDENTITIES | {("StatefulSet", "nats"), ("Service", "nats")}
 
 
 def budgets(*pools: str) -> set[tuple[str, str]]:
@@ -105,10 +101,8 @@ EXPECTED = {
             ("Service", "server"),
             ("Deployment", "prefill"),
             ("Deployment", "decode"),
-            ("ServiceAccount", "disc"),
-            ("Role", "disc"),
-            ("RoleBinding", "disc"),
         }
+        | IDENTITIES
         | budgets("prefill", "decode"),
     ),
     "multinode-tp.yaml": (

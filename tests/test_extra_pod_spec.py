@@ -89,7 +89,7 @@ def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
     ] * 3
     assert main["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "15"]}}}
     assert main["securityContext"] == user["securityContext"]
-    assert spec["serviceAccountName"] == "qwen-pd-disc"
+    assert spec["serviceAccountName"] == "qwen-pd-register"
     assert spec["terminationGracePeriodSeconds"] == 120  # raised to cover the drain, never lowered
     # The template's pod-level fields and volumes; /dev/shm from the flat sharedMemory is kept.
     for field in ("hostNetwork", "dnsPolicy", "imagePullSecrets", "nodeSelector"):

@@ -219,6 +219,10 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
     assert mc.child_writes(mc.sync()) == [("update", "HTTPRoute", "qwen-pd-route")]
     assert "hostnames" not in mc.children[("HTTPRoute", "qwen-pd-route")]["spec"]
     mc.converge()
+    # Each worker pod's frontend sidecar discovers workers as a router does.
+    assert mc.children[("Role", "qwen-pd-register")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch", "watch"]}
+    ]
     mc.edit(lambda spec: spec["gaie"].update(enabled=False))
     writes = sorted(mc.child_writes(mc.sync()))
     assert writes == sorted(
@@ -231,8 +235,13 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
             ("update", "Deployment", "qwen-pd-decode"),
             ("update", "Deployment", "qwen-pd-prefill"),
             ("update", "Deployment", "qwen-pd-server"),
+            # with no frontend in them, worker pods no longer list and watch pods
+            ("update", "Role", "qwen-pd-register"),
         ]
     )
+    assert mc.children[("Role", "qwen-pd-register")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+    ]
     for name in ("qwen-pd-decode", "qwen-pd-prefill"):
         template = mc.children[("Deployment", name)]["spec"]["template"]
         assert [c["name"] for c in template["spec"]["containers"]] == ["infera"]

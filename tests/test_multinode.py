@@ -31,7 +31,9 @@ def lws_of(answer: dict[str, Any], name: str = "qwen-pd-decode") -> dict[str, An
 def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
     answer = sync_lws(hooks, multinode_pd(replicas=2))
     kinds = sorted(
-        (c["kind"], c["metadata"]["name"]) for c in answer["children"] if "-disc" not in c["metadata"]["name"]
+        (c["kind"], c["metadata"]["name"])
+        for c in answer["children"]
+        if c["metadata"]["labels"]["infera.amd.com/service"] != "disc"
     )
     assert kinds == [
         ("Deployment", "qwen-pd-prefill"),
@@ -69,7 +71,7 @@ def test_leader_keeps_readiness_and_workers_carry_none(hooks) -> None:
     leader_pod = {k: v for k, v in template["leaderTemplate"]["spec"].items() if k != "containers"}
     worker_pod = {k: v for k, v in template["workerTemplate"]["spec"].items() if k != "containers"}
     assert leader_pod == worker_pod
-    assert leader_pod["serviceAccountName"] == "qwen-pd-disc"
+    assert leader_pod["serviceAccountName"] == "qwen-pd-register"
     assert leader_pod["volumes"] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}},
         {"name": "boot-config", "hostPath": {"path": "/boot", "type": "Directory"}},

@@ -52,13 +52,16 @@ def test_rendered_graph_builds_with_kustomize_and_validates(tmp_path: Path) -> N
     (out / "kustomization.yaml").write_text("resources:\n  - graph.yaml\n")
     built = subprocess.run([kubectl, "kustomize", str(out)], capture_output=True, text=True, check=True, timeout=60)
     documents = list(yaml.safe_load_all(built.stdout))
-    assert len(documents) == 11
+    assert len(documents) == 14
     for document in documents:
         assert document["metadata"]["namespace"] == "team-a"
         validate_object(document)
     # The graph is rendered in that namespace, not only labelled with it.
-    (binding,) = [document for document in documents if document["kind"] == "RoleBinding"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qwen-pd-disc", "namespace": "team-a"}]
+    bindings = [document for document in documents if document["kind"] == "RoleBinding"]
+    assert [binding["subjects"] for binding in bindings] == [
+        [{"kind": "ServiceAccount", "name": f"qwen-pd-{account}", "namespace": "team-a"}]
+        for account in ("disc", "register")
+    ]
 
 
 def test_render_reads_standard_input() -> None:

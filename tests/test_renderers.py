@@ -62,38 +62,39 @@ def valid(*objects: dict[str, Any]) -> None:
 
 
 def test_kubernetes_discovery_grants_exactly_what_the_runtime_uses() -> None:
-    """Workers patch their own Pod, routers list and watch Pods, both read and patch only this
-    InferaDeployment: a verb too few breaks registration, one too many is a needless grant. The
-    routers' selector must match every pod of the graph, servers and workers alike."""
+    """Routers list and watch Pods; workers patch their own Pod (infera/common/
+    registration_k8s.py); neither may touch the InferaDeployment unless a router serves the
+    scaling API. A verb too few breaks discovery or registration, one too many is a needless
+    grant. The routers' selector must match every pod of the graph, servers and workers alike."""
     idep = build({"router": SERVER, "worker": WORKER}, metadata={"namespace": "team-a"})
-    account, role, binding = discovery.render(idep)
-    metadata = {"name": "g-disc", "labels": labels("disc")}
-    assert account == {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
-    assert (role["kind"], role["metadata"]) == ("Role", metadata)
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-        {
-            "apiGroups": ["infera.amd.com"],
-            "resources": ["inferadeployments"],
-            "resourceNames": ["g"],
-            "verbs": ["get", "patch"],
-        },
-    ]
-    assert (binding["kind"], binding["metadata"], binding["roleRef"]["name"]) == ("RoleBinding", metadata, "g-disc")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "g-disc", "namespace": "team-a"}]
-    assert discovery.service_account_name(idep) == "g-disc"
+    objects = discovery.render(idep, scaling_api=False)
+    rules = {"disc": ["list", "watch"], "register": ["patch"]}
+    for (account, role, binding), suffix in zip((objects[:3], objects[3:]), ("disc", "register"), strict=True):
+        metadata = {"name": f"g-{suffix}", "labels": labels("disc")}
+        assert account == {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
+        assert (role["kind"], role["metadata"]) == ("Role", metadata)
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": rules[suffix]}]
+        assert (binding["kind"], binding["metadata"], binding["roleRef"]["name"]) == (
+            "RoleBinding",
+            metadata,
+            f"g-{suffix}",
+        )
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"g-{suffix}", "namespace": "team-a"}]
+    assert discovery.service_account_name(idep) == "g-disc"  # the Endpoint Picker's
+    assert discovery.service_account_name(idep, idep.spec.services["router"]) == "g-disc"
+    assert discovery.service_account_name(idep, idep.spec.services["worker"]) == "g-register"
     assert discovery.label_selector(idep) == "infera.amd.com/deployment=g"
     key, _, value = discovery.label_selector(idep).partition("=")
     for service, svc in idep.spec.services.items():
         assert pods.pod_metadata(idep, service, svc)["labels"][key] == value
-    valid(account, role, binding)
+    valid(*objects)
 
 
 def test_etcd_discovery_renders_no_identity() -> None:
     """With etcd nothing watches the API: no RBAC objects, no account name, and pods name
     `default` explicitly (a dropped field would leave them on the deleted discovery account)."""
     idep = build(**ETCD)
-    assert (discovery.render(idep), discovery.service_account_name(idep)) == ([], None)
+    assert (discovery.render(idep, scaling_api=True), discovery.service_account_name(idep)) == ([], None)
     assert pods.pod_template(idep, "worker", idep.spec.services["worker"])["spec"]["serviceAccountName"] == "default"
 
 
@@ -522,7 +523,8 @@ def test_render_children_order_is_stable() -> None:
     idep = build({"zeta": WORKER, "alpha": SERVER, "mid": {**WORKER, "numberOfNodes": 2}}, gaie=GAIE)
     children = render_children(idep)
     assert [f"{c['kind']}/{c['metadata']['name']}" for c in children] == (
-        "ServiceAccount/g-disc Role/g-disc RoleBinding/g-disc StatefulSet/g-nats Service/g-nats Deployment/g-epp "
+        "ServiceAccount/g-disc Role/g-disc RoleBinding/g-disc ServiceAccount/g-register Role/g-register "
+        "RoleBinding/g-register StatefulSet/g-nats Service/g-nats Deployment/g-epp "
         "Service/g-epp InferencePool/g-pool HTTPRoute/g-route Deployment/g-alpha Service/g-alpha "
         "LeaderWorkerSet/g-mid PodDisruptionBudget/g-mid Deployment/g-zeta PodDisruptionBudget/g-zeta"
     ).split()

@@ -110,8 +110,9 @@ class Graph:
 
     # --- what the graph provides -------------------------------------------------------------
 
-    def pod_verbs(self, account: str) -> set[str]:
-        """The verbs on pods that `account`'s RoleBindings grant in the namespace."""
+    def verbs(self, account: str, group: str, resource: str, name: str | None = None) -> set[str]:
+        """The verbs on `resource` (the object `name`, else any) that `account`'s RoleBindings
+        grant in the namespace."""
         verbs: set[str] = set()
         for child in self.children:
             if (
@@ -122,7 +123,9 @@ class Graph:
                 verbs |= {
                     v
                     for rule in role["rules"]
-                    if "pods" in rule["resources"] and "" in rule["apiGroups"]
+                    if resource in rule["resources"]
+                    and group in rule["apiGroups"]
+                    and (not rule.get("resourceNames") or name in rule["resourceNames"])
                     for v in rule["verbs"]
                 }
         return verbs
@@ -209,10 +212,12 @@ class Graph:
             if args.etcd_endpoint != self.spec["etcdEndpoint"]:
                 self.fail(process, f"etcd endpoint {args.etcd_endpoint!r}, not {self.spec['etcdEndpoint']!r}")
             return
-        verbs = self.pod_verbs(process.pod.spec.get("serviceAccountName", "default"))
+        account = process.pod.spec.get("serviceAccountName", "default")
+        verbs = self.verbs(account, "", "pods")
         if process.is_worker:
-            # K8sRegistrationClient patches the Pod named by POD_NAME in POD_NAMESPACE.
-            if process.env.get("POD_NAME") != process.pod.facts.name or not {"get", "patch"} <= verbs:
+            # K8sRegistrationClient patches the Pod named by POD_NAME in POD_NAMESPACE, and
+            # nothing else (infera/common/registration_k8s.py).
+            if process.env.get("POD_NAME") != process.pod.facts.name or "patch" not in verbs:
                 self.fail(process, "cannot register: it needs POD_NAME and an account that may patch its Pod")
             return
         selector = dict(part.split("=", 1) for part in (args.k8s_label_selector or "").split(",") if "=" in part)
@@ -222,6 +227,12 @@ class Graph:
             self.fail(process, f"selector {args.k8s_label_selector!r} misses worker pods")
         if not {"list", "watch"} <= verbs:
             self.fail(process, "its account may not list and watch pods")
+        # The scaling API reads its own Pod for its InferaDeployment's name, then reads and
+        # patches that InferaDeployment (infera/server/scaling.py).
+        if getattr(args, "enable_scaling_api", False) and not (
+            "get" in verbs and {"get", "patch"} <= self.verbs(account, "infera.amd.com", "inferadeployments", self.name)
+        ):
+            self.fail(process, "serves the scaling API, but its account may not read its Pod and patch its graph")
 
     def check_nats(self, process: Started) -> None:
         args = process.args
@@ -415,6 +426,42 @@ def test_combination_starts(hooks, idep: dict[str, Any]) -> None:
     assert_starts(hooks, idep)
 
 
+def scaling_api(obj: dict[str, Any], how: str) -> dict[str, Any]:
+    """The PD graph whose router serves the scaling API, enabled by its flag or its variable."""
+    server = obj["spec"]["services"]["server"]
+    if how == "flag":
+        server["args"] = [*server["args"], "--enable-scaling-api"]
+    else:
+        server["env"] = [{"name": "INFERA_ENABLE_SCALING_API", "value": "True"}]
+    return obj
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_a_router_serving_the_scaling_api_may_read_and_patch_its_graph(hooks, how: str) -> None:
+    graph = assert_starts(hooks, scaling_api(pd(), how))
+    assert graph.verbs("qwen-pd-disc", "infera.amd.com", "inferadeployments", "qwen-pd") == {"get", "patch"}
+    assert graph.verbs("qwen-pd-disc", "infera.amd.com", "inferadeployments", "other-graph") == set()
+    assert graph.verbs("qwen-pd-register", "infera.amd.com", "inferadeployments", "qwen-pd") == set()
+
+
+def test_no_account_may_touch_the_graph_without_the_scaling_api(hooks) -> None:
+    graph = assert_starts(hooks, pd())
+    assert graph.verbs("qwen-pd-disc", "", "pods") == {"list", "watch"}
+    assert graph.verbs("qwen-pd-register", "", "pods") == {"patch"}
+    for account in ("qwen-pd-disc", "qwen-pd-register"):
+        assert graph.verbs(account, "infera.amd.com", "inferadeployments", "qwen-pd") == set()
+
+
+def test_the_checks_catch_a_scaling_api_without_its_permissions(hooks) -> None:
+    def enable(container: dict[str, Any]) -> None:
+        container["command"].append("--enable-scaling-api")
+
+    problems = tampered(hooks, pd(), "Deployment", "qwen-pd-server", enable)
+    assert any("qwen-pd-server" in p and "serves the scaling API, but its account may not" in p for p in problems), (
+        problems
+    )
+
+
 def test_multinode_sglang_behind_the_gateway_starts(hooks) -> None:
     obj = pd(gaie={**GAIE, "frontendPort": 8200})
     obj["spec"]["services"]["decode"]["numberOfNodes"] = 3
@@ -593,6 +640,7 @@ SERVER_ARGS = st.lists(
             ["--router-policy", "kv-aware"],
             ["--request-max-retries", "2"],
             ["--migration-limit", "1"],
+            ["--enable-scaling-api"],
         ]
     ),
     max_size=2,

@@ -47,11 +47,15 @@ def test_seed_pd_graph_children(hooks) -> None:
         # Every worker pool gets a disruption budget; the single router does not need one.
         ("PodDisruptionBudget", "qwen-pd-decode"),
         ("PodDisruptionBudget", "qwen-pd-prefill"),
+        # The routers' identity, and the workers'.
         ("Role", "qwen-pd-disc"),
+        ("Role", "qwen-pd-register"),
         ("RoleBinding", "qwen-pd-disc"),
+        ("RoleBinding", "qwen-pd-register"),
         ("Service", "qwen-pd-nats"),
         ("Service", "qwen-pd-server"),
         ("ServiceAccount", "qwen-pd-disc"),
+        ("ServiceAccount", "qwen-pd-register"),
         ("StatefulSet", "qwen-pd-nats"),
     ]
     for child in answer["children"]:
@@ -75,7 +79,7 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
             "template": {
                 "metadata": {"labels": {**labels("prefill"), "infera.amd.com/component": "worker"}},
                 "spec": {
-                    "serviceAccountName": "qwen-pd-disc",
+                    "serviceAccountName": "qwen-pd-register",
                     "terminationGracePeriodSeconds": 120,
                     "containers": [
                         {
@@ -224,11 +228,37 @@ def test_nats_statefulset_and_headless_service(hooks) -> None:
     assert [p["port"] for p in service["ports"]] == [4222, 8222]
 
 
-def test_discovery_identity_is_least_privilege(hooks) -> None:
-    answer = hooks.sync(pd_parent())
-    role = children_by_key(answer)[("Role", "qwen-pd-disc")]
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+def test_discovery_identities_are_least_privilege(hooks) -> None:
+    """Routers list and watch the graph's pods; workers patch their own Pod's registration;
+    neither may touch the InferaDeployment unless a router serves the scaling API."""
+    answer = children_by_key(hooks.sync(pd_parent()))
+    assert answer[("Role", "qwen-pd-disc")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+    ]
+    assert answer[("Role", "qwen-pd-register")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+    ]
+    for account in ("qwen-pd-disc", "qwen-pd-register"):
+        binding = answer[("RoleBinding", account)]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "ml"}]
+    accounts = {
+        name: answer[("Deployment", name)]["spec"]["template"]["spec"]["serviceAccountName"]
+        for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode")
+    }
+    assert accounts == {
+        "qwen-pd-server": "qwen-pd-disc",
+        "qwen-pd-prefill": "qwen-pd-register",
+        "qwen-pd-decode": "qwen-pd-register",
+    }
+
+
+def test_the_scaling_api_gets_its_graph_and_nothing_more(hooks) -> None:
+    obj = pd_parent()
+    obj["spec"]["services"]["server"]["args"].append("--enable-scaling-api")
+    answer = children_by_key(hooks.sync(obj))
+    assert answer[("Role", "qwen-pd-disc")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {
             "apiGroups": ["infera.amd.com"],
             "resources": ["inferadeployments"],
@@ -236,9 +266,9 @@ def test_discovery_identity_is_least_privilege(hooks) -> None:
             "verbs": ["get", "patch"],
         },
     ]
-    binding = children_by_key(answer)[("RoleBinding", "qwen-pd-disc")]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "qwen-pd-disc"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qwen-pd-disc", "namespace": "ml"}]
+    assert answer[("Role", "qwen-pd-register")]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+    ]
 
 
 def test_etcd_discovery(hooks) -> None:

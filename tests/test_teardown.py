@@ -29,9 +29,11 @@ WORKERS = {("Deployment", "qwen-pd-prefill"), ("LeaderWorkerSet", "qwen-pd-decod
 PLANE = {
     ("StatefulSet", "qwen-pd-nats"),
     ("Service", "qwen-pd-nats"),
-    ("ServiceAccount", "qwen-pd-disc"),
-    ("Role", "qwen-pd-disc"),
-    ("RoleBinding", "qwen-pd-disc"),
+    *(
+        (kind, f"qwen-pd-{account}")
+        for kind in ("ServiceAccount", "Role", "RoleBinding")
+        for account in ("disc", "register")
+    ),
 }
 
 
@@ -85,7 +87,7 @@ def test_teardown_order_and_idempotence(hooks) -> None:
     mc.pods_finish_draining()
     assert worker_pod_count(mc) == 0
     assert deleted(mc.finalize()) == PLANE
-    assert mc.parent["status"]["message"] == "removing the NATS broker and discovery identity (5 objects)"
+    assert mc.parent["status"]["message"] == "removing the NATS broker and discovery identity (8 objects)"
 
     # 4. Finalized only once nothing is observed.
     assert mc.children == {} and not mc.finalized

@@ -1,7 +1,17 @@
-"""The discovery identity of kubernetes discovery: ServiceAccount, Role and RoleBinding."""
+"""The identities of kubernetes discovery, one per kind of process, each with the least the
+Infera runtime needs: a ServiceAccount, a Role and a RoleBinding for the routers (the server
+and the Endpoint Picker discover workers) and for the workers (which register)."""
 
-from hooks.api import GROUP, PLURAL, InferaDeployment
-from hooks.vocabulary import DEPLOYMENT_LABEL, DISCOVERY_SUFFIX, child_name, object_metadata
+from hooks.api import GROUP, PLURAL, InferaDeployment, ServiceSpec
+from hooks.vocabulary import (
+    DEPLOYMENT_LABEL,
+    DISCOVERY_SUFFIX,
+    REGISTRATION_SUFFIX,
+    child_name,
+    object_metadata,
+)
+
+RBAC_API = "rbac.authorization.k8s.io"
 
 
 def label_selector(idep: InferaDeployment) -> str:
@@ -9,38 +19,51 @@ def label_selector(idep: InferaDeployment) -> str:
     return f"{DEPLOYMENT_LABEL}={idep.name}"
 
 
-def service_account_name(idep: InferaDeployment) -> str | None:
+def service_account_name(idep: InferaDeployment, svc: ServiceSpec | None = None) -> str | None:
+    """The account a service's pods run as (`svc` None: the Endpoint Picker's); None without
+    kubernetes discovery, where no process calls the API server for it."""
     if idep.spec.discovery_backend != "kubernetes":
         return None
-    return child_name(idep, DISCOVERY_SUFFIX)
+    return child_name(idep, REGISTRATION_SUFFIX if svc is not None and svc.is_worker else DISCOVERY_SUFFIX)
 
 
-def render(idep: InferaDeployment) -> list[dict]:
-    name = service_account_name(idep)
-    if name is None:
+def _identity(idep: InferaDeployment, suffix: str, rules: list[dict]) -> list[dict]:
+    name = child_name(idep, suffix)
+    # Every identity object carries the discovery identity's service label: one part of the
+    # plumbing, torn down with the plane.
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_metadata(idep, DISCOVERY_SUFFIX, name)},
+        {
+            "apiVersion": f"{RBAC_API}/v1",
+            "kind": "Role",
+            "metadata": object_metadata(idep, DISCOVERY_SUFFIX, name),
+            "rules": rules,
+        },
+        {
+            "apiVersion": f"{RBAC_API}/v1",
+            "kind": "RoleBinding",
+            "metadata": object_metadata(idep, DISCOVERY_SUFFIX, name),
+            "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": idep.metadata.namespace}],
+        },
+    ]
+
+
+def render(idep: InferaDeployment, scaling_api: bool) -> list[dict]:
+    """The routers' and the workers' identities; `scaling_api`: a server serves the scaling API."""
+    if idep.spec.discovery_backend != "kubernetes":
         return []
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_metadata(idep, DISCOVERY_SUFFIX)}
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": object_metadata(idep, DISCOVERY_SUFFIX),
-        # Least privilege: workers register by patching their own Pod, the server lists and
-        # watches them, and both may read and patch only this one InferaDeployment.
-        "rules": [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-            {
-                "apiGroups": [GROUP],
-                "resources": [PLURAL],
-                "resourceNames": [idep.name],
-                "verbs": ["get", "patch"],
-            },
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": object_metadata(idep, DISCOVERY_SUFFIX),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": idep.metadata.namespace}],
-    }
-    return [account, role, binding]
+    # Routers list and watch the graph's pods (infera/common/discovery_k8s.py). The scaling API
+    # reads its own Pod to find its InferaDeployment, then reads and patches that one object
+    # (infera/server/scaling.py): granted only where a server serves it.
+    router_rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    if scaling_api:
+        router_rules = [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [idep.name], "verbs": ["get", "patch"]},
+        ]
+    # A worker only patches its own Pod's registration annotation (infera/common/
+    # registration_k8s.py); with the gateway, its pod's frontend sidecar is a router too.
+    worker_verbs = ["list", "patch", "watch"] if idep.spec.gaie.enabled else ["patch"]
+    worker_rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": worker_verbs}]
+    return _identity(idep, DISCOVERY_SUFFIX, router_rules) + _identity(idep, REGISTRATION_SUFFIX, worker_rules)

@@ -125,8 +125,8 @@ def pod_template(
     spec: dict = {
         "containers": [primary_container(idep, svc, mounts)],
         # Always set: were it dropped (etcd discovery), the API server's deprecated
-        # `serviceAccount` alias would keep pointing pods at the deleted discovery account.
-        "serviceAccountName": discovery.service_account_name(idep) or "default",
+        # `serviceAccount` alias would keep pointing pods at a deleted discovery account.
+        "serviceAccountName": discovery.service_account_name(idep, svc) or "default",
     }
     if volumes:
         spec["volumes"] = volumes

@@ -105,6 +105,7 @@ class Call:
     body: Any  # the decoded JSON of a PATCH (its text when it is not JSON), else None
     status: int
     at: float  # time.monotonic() when it was answered
+    client: str  # the caller's address: in the sandbox, its pod's IP, which names its account
 
 
 @dataclass(frozen=True)
@@ -638,9 +639,9 @@ class KubeAPI:
 
     # -- HTTP ------------------------------------------------------------------------------------
 
-    def _record(self, method: str, path: str, query: dict[str, str], body: Any, status: int) -> None:
+    def _record(self, client: str, method: str, path: str, query: dict[str, str], body: Any, status: int) -> None:
         with self._cond:
-            self._calls.append(Call(method, path, query, body, status, time.monotonic()))
+            self._calls.append(Call(method, path, query, body, status, time.monotonic(), client))
 
     def _authenticate(self, authorization: str | None) -> None:
         scheme, _, token = (authorization or "").partition(" ")
@@ -785,7 +786,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client went away mid-watch
             self.close_connection = True
             return
-        api._record(method, url.path, query, body, status)
+        api._record(self.client_address[0], method, url.path, query, body, status)
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -798,7 +799,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         def send(event: dict[str, Any] | None) -> None:
             if event is None:
-                api._record("GET", path, query, None, 200)
+                api._record(self.client_address[0], "GET", path, query, None, 200)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")

@@ -104,12 +104,26 @@ def registered(cluster: Cluster, router: str | None = None) -> list[dict[str, An
     return body["workers"]
 
 
+def rules_of(cluster: Cluster, account: str) -> list[dict[str, Any]]:
+    """The rules the rendered RoleBindings grant `account` in the graph's namespace."""
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": cluster.namespace}
+    return [
+        rule
+        for child in cluster.children
+        if child["kind"] == "RoleBinding" and subject in child["subjects"]
+        for rule in cluster.by_key[("Role", child["roleRef"]["name"])]["rules"]
+    ]
+
+
 def assert_calls_allowed(cluster: Cluster) -> None:
-    """Every call the graph's processes made to the API server is one the rendered discovery Role
-    grants (the sandbox's own changes to pods do not go through HTTP)."""
-    rules = cluster.by_key[("Role", f"{cluster.name}-disc")]["rules"]
+    """Every call the graph's processes made to the API server is one that the rendered Role of
+    the caller's own account grants: the call's address is its pod's IP (the sandbox's own
+    changes to pods do not go through HTTP)."""
     assert cluster.kube.events, "no process called the API server"
+    by_ip = {pod.ip: pod for pod in cluster.pods.values()}
     for call in cluster.kube.events:
+        pod = by_ip[call.client]
+        rules = rules_of(cluster, pod.pod.spec.get("serviceAccountName", "default"))
         parts = call.path.strip("/").split("/")
         group = "" if parts[0] == "api" else parts[1]
         resource, name = (parts[parts.index("namespaces") + 2 :] + [None])[:2]
@@ -122,7 +136,7 @@ def assert_calls_allowed(cluster: Cluster) -> None:
             and verb in rule["verbs"]
             and (not rule.get("resourceNames") or name in rule["resourceNames"])
             for rule in rules
-        ), call
+        ), (pod.name, call)
 
 
 def start(cluster: Cluster) -> None:
