@@ -49,9 +49,12 @@ def test_bundle_contents(bundle) -> None:
         ("PodDisruptionBudget", "infera-hooks"),
         ("Service", "infera-hooks"),
         ("ServiceAccount", "infera-hooks"),
+        ("ValidatingAdmissionPolicy", "infera-scaling-api-replicas-only"),
+        ("ValidatingAdmissionPolicyBinding", "infera-scaling-api-replicas-only"),
     ]
+    cluster_scoped = ("CompositeController", "CustomResourceDefinition", "Namespace", "ValidatingAdmissionPolicy")
     for (kind, _), obj in bundle.items():
-        if kind not in ("CompositeController", "CustomResourceDefinition", "Namespace"):
+        if not kind.startswith(cluster_scoped):
             assert obj["metadata"]["namespace"] == "infera-system"
 
 

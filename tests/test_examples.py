@@ -83,6 +83,10 @@ EXPECTED = {
             ("Deployment", "decode"),
             ("Deployment", "epp"),
             ("Service", "epp"),
+            # The picker's own identity.
+            ("ServiceAccount", "epp"),
+            ("Role", "epp"),
+            ("RoleBinding", "epp"),
             ("InferencePool", "pool"),
             ("HTTPRoute", "route"),
         }

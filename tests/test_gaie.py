@@ -69,7 +69,7 @@ def test_gaie_objects(hooks) -> None:
     assert container["image"] == "rocm/infera:sglang-v0.1.1"
     assert [p["containerPort"] for p in container["ports"]] == [9002, 9003]
     assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
-    assert pod["serviceAccountName"] == "qwen-pd-disc"
+    assert pod["serviceAccountName"] == "qwen-pd-epp"  # its own: it lists and watches pods, nothing more
     assert epp["spec"]["template"]["metadata"]["labels"]["infera.amd.com/service"] == "epp"
     assert children[("Service", "qwen-pd-epp")]["spec"]["ports"] == [
         {"name": "grpc-ext-proc", "port": 9002, "targetPort": "grpc-ext-proc", "protocol": "TCP"}  # TLS: no h2c
@@ -231,6 +231,10 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
             ("delete", "Service", "qwen-pd-epp"),
             ("delete", "InferencePool", "qwen-pd-pool"),
             ("delete", "HTTPRoute", "qwen-pd-route"),
+            # and the picker's identity
+            ("delete", "ServiceAccount", "qwen-pd-epp"),
+            ("delete", "Role", "qwen-pd-epp"),
+            ("delete", "RoleBinding", "qwen-pd-epp"),
             # the sidecar and pool label leave the workers; the server leaves direct mode
             ("update", "Deployment", "qwen-pd-decode"),
             ("update", "Deployment", "qwen-pd-prefill"),

@@ -80,7 +80,7 @@ def test_kubernetes_discovery_grants_exactly_what_the_runtime_uses() -> None:
             f"g-{suffix}",
         )
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"g-{suffix}", "namespace": "team-a"}]
-    assert discovery.service_account_name(idep) == "g-disc"  # the Endpoint Picker's
+    assert discovery.service_account_name(idep) == "g-epp"  # the Endpoint Picker's, with the gateway
     assert discovery.service_account_name(idep, idep.spec.services["router"]) == "g-disc"
     assert discovery.service_account_name(idep, idep.spec.services["worker"]) == "g-register"
     assert discovery.label_selector(idep) == "infera.amd.com/deployment=g"
@@ -523,8 +523,9 @@ def test_render_children_order_is_stable() -> None:
     idep = build({"zeta": WORKER, "alpha": SERVER, "mid": {**WORKER, "numberOfNodes": 2}}, gaie=GAIE)
     children = render_children(idep)
     assert [f"{c['kind']}/{c['metadata']['name']}" for c in children] == (
-        "ServiceAccount/g-disc Role/g-disc RoleBinding/g-disc ServiceAccount/g-register Role/g-register "
-        "RoleBinding/g-register StatefulSet/g-nats Service/g-nats Deployment/g-epp "
+        "ServiceAccount/g-disc Role/g-disc RoleBinding/g-disc ServiceAccount/g-epp Role/g-epp RoleBinding/g-epp "
+        "ServiceAccount/g-register Role/g-register RoleBinding/g-register StatefulSet/g-nats Service/g-nats "
+        "Deployment/g-epp "
         "Service/g-epp InferencePool/g-pool HTTPRoute/g-route Deployment/g-alpha Service/g-alpha "
         "LeaderWorkerSet/g-mid PodDisruptionBudget/g-mid Deployment/g-zeta PodDisruptionBudget/g-zeta"
     ).split()

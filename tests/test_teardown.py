@@ -35,6 +35,8 @@ PLANE = {
         for account in ("disc", "register")
     ),
 }
+# With the gateway, the Endpoint Picker's identity is part of the plane too.
+GATEWAY_PLANE = PLANE | {(kind, "qwen-pd-epp") for kind in ("ServiceAccount", "Role", "RoleBinding")}
 
 
 def full_graph(hooks) -> Metacontroller:
@@ -49,7 +51,7 @@ def full_graph(hooks) -> Metacontroller:
     mc.mark_ready()
     mc.gateway_accepts()
     mc.converge()
-    assert set(mc.children) == INGRESS | WORKERS | PLANE
+    assert set(mc.children) == INGRESS | WORKERS | GATEWAY_PLANE
     mc.run_pods()
     return mc
 
@@ -72,22 +74,22 @@ def test_teardown_order_and_idempotence(hooks) -> None:
     assert mc.parent["status"]["state"] == "terminating"
     assert mc.parent["status"]["message"] == "stopping traffic: removing 9 ingress objects"
     assert mc.last_answer["resyncAfterSeconds"] == 5
-    assert set(mc.children) == WORKERS | PLANE
+    assert set(mc.children) == WORKERS | GATEWAY_PLANE
 
     # 2. Drain the workers; their pods are still running the preStop drain.
     assert deleted(mc.finalize()) == WORKERS
     assert mc.parent["status"]["message"] == "draining 2 worker pools"
-    assert set(mc.children) == PLANE
+    assert set(mc.children) == GATEWAY_PLANE
 
     # 3. NATS and the discovery identity outlive every draining worker pod.
     assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
     assert mc.parent["status"]["message"] == "waiting for 3 worker pods to finish draining"
     assert mc.finalize() == [] and mc.finalize() == []  # still draining: nothing changes
-    assert set(mc.children) == PLANE and not mc.finalized
+    assert set(mc.children) == GATEWAY_PLANE and not mc.finalized
     mc.pods_finish_draining()
     assert worker_pod_count(mc) == 0
-    assert deleted(mc.finalize()) == PLANE
-    assert mc.parent["status"]["message"] == "removing the NATS broker and discovery identity (8 objects)"
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
+    assert mc.parent["status"]["message"] == "removing the NATS broker and discovery identity (11 objects)"
 
     # 4. Finalized only once nothing is observed.
     assert mc.children == {} and not mc.finalized
@@ -162,7 +164,7 @@ def test_a_pod_stuck_on_a_lost_node_does_not_hold_the_plane(hooks) -> None:
     )
     mc.pods = {name: pod for name, pod in mc.pods.items() if pod is stuck}
     stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # its grace period ended long ago
-    assert deleted(mc.finalize()) == PLANE
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
 
 
 def test_parent_with_no_children_finalizes_at_once(hooks) -> None:

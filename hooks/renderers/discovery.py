@@ -1,11 +1,12 @@
 """The identities of kubernetes discovery, one per kind of process, each with the least the
-Infera runtime needs: a ServiceAccount, a Role and a RoleBinding for the routers (the server
-and the Endpoint Picker discover workers) and for the workers (which register)."""
+Infera runtime needs: a ServiceAccount, a Role and a RoleBinding for the servers and the
+Endpoint Picker (routers: they discover workers), and for the workers (which register)."""
 
 from hooks.api import GROUP, PLURAL, InferaDeployment, ServiceSpec
 from hooks.vocabulary import (
     DEPLOYMENT_LABEL,
     DISCOVERY_SUFFIX,
+    EPP_SUFFIX,
     REGISTRATION_SUFFIX,
     child_name,
     object_metadata,
@@ -24,7 +25,9 @@ def service_account_name(idep: InferaDeployment, svc: ServiceSpec | None = None)
     kubernetes discovery, where no process calls the API server for it."""
     if idep.spec.discovery_backend != "kubernetes":
         return None
-    return child_name(idep, REGISTRATION_SUFFIX if svc is not None and svc.is_worker else DISCOVERY_SUFFIX)
+    if svc is None:
+        return child_name(idep, EPP_SUFFIX)
+    return child_name(idep, REGISTRATION_SUFFIX if svc.is_worker else DISCOVERY_SUFFIX)
 
 
 def _identity(idep: InferaDeployment, suffix: str, rules: list[dict]) -> list[dict]:
@@ -49,16 +52,22 @@ def _identity(idep: InferaDeployment, suffix: str, rules: list[dict]) -> list[di
     ]
 
 
+def _discovers() -> dict:
+    """What routers do: list and watch the graph's pods (infera/common/discovery_k8s.py)."""
+    return {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+
+
 def render(idep: InferaDeployment, scaling_api: bool) -> list[dict]:
-    """The routers' and the workers' identities; `scaling_api`: a server serves the scaling API."""
+    """The servers', the Endpoint Picker's (with the gateway) and the workers' identities;
+    `scaling_api`: a server serves the scaling API."""
     if idep.spec.discovery_backend != "kubernetes":
         return []
-    # Routers list and watch the graph's pods (infera/common/discovery_k8s.py). The scaling API
-    # reads its own Pod to find its InferaDeployment, then reads and patches that one object
-    # (infera/server/scaling.py): granted only where a server serves it.
-    router_rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    server_rules = [_discovers()]
     if scaling_api:
-        router_rules = [
+        # The scaling API reads its own Pod to find its InferaDeployment, then reads and
+        # patches that one object (infera/server/scaling.py); the bundle's ValidatingAdmission-
+        # Policy lets it change nothing but replica counts.
+        server_rules = [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [idep.name], "verbs": ["get", "patch"]},
         ]
@@ -66,4 +75,5 @@ def render(idep: InferaDeployment, scaling_api: bool) -> list[dict]:
     # registration_k8s.py); with the gateway, its pod's frontend sidecar is a router too.
     worker_verbs = ["list", "patch", "watch"] if idep.spec.gaie.enabled else ["patch"]
     worker_rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": worker_verbs}]
-    return _identity(idep, DISCOVERY_SUFFIX, router_rules) + _identity(idep, REGISTRATION_SUFFIX, worker_rules)
+    picker = _identity(idep, EPP_SUFFIX, [_discovers()]) if idep.spec.gaie.enabled else []
+    return _identity(idep, DISCOVERY_SUFFIX, server_rules) + picker + _identity(idep, REGISTRATION_SUFFIX, worker_rules)

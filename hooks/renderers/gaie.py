@@ -68,7 +68,6 @@ def epp_deployment(idep: InferaDeployment) -> dict:
                 "metadata": {"labels": identity_labels(idep, EPP_SUFFIX)},
                 "spec": {
                     "containers": [container],
-                    # The picker discovers workers as the routers do, with their identity.
                     "serviceAccountName": discovery.service_account_name(idep) or "default",
                 },
             },
