@@ -16,11 +16,25 @@ MAX_OBJECT_BYTES = 3 * MiB // 2
 # All children of one answer: about 16 times a 200-service graph's, and what keeps a worker's
 # peak memory for one request well inside the hook pod's limit.
 MAX_ANSWER_BYTES = 8 * MiB
+# Kubernetes objects nest about 15 levels deep (a LeaderWorkerSet's pod affinity terms). A child
+# nested no deeper keeps every recursive step after rendering (copies, the schema check, JSON
+# encoding) well inside Python's recursion limit.
+MAX_NESTING = 64
 
 
 def json_size(value: Any) -> int:
     """Bytes of `value` as compact JSON, as a child travels to the API server."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def nesting(value: Any) -> int:
+    """How many objects and lists deep `value` is (0 for a scalar), counted level by level, so
+    that a value too deep for recursion is measured too."""
+    depth, level = 0, [value]
+    while level := [node for node in level if isinstance(node, (dict, list))]:
+        depth += 1
+        level = [item for node in level for item in (node.values() if isinstance(node, dict) else node)]
+    return depth
 
 
 class RenderedSize:

@@ -135,6 +135,17 @@ def test_a_budget_covers_exactly_its_pool(converged: Metacontroller) -> None:
     )
 
 
+def test_a_deeply_nested_patch_value_is_named(converged: Metacontroller) -> None:
+    nested: Any = "x"
+    for _ in range(900):
+        nested = {"a": nested}
+    operation = {"op": "add", "path": "/spec/template/metadata/annotations", "value": nested}
+    assert converged.refusal(patch("Deployment", "qwen-pd-decode", operation)) == (
+        "patches[0] (Deployment qwen-pd-decode): operation 0 (add /spec/template/metadata/annotations): would nest "
+        "the child more than 64 levels deep (Kubernetes objects nest about 15)"
+    )
+
+
 def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
     """Labels and annotations of every child (the RBAC objects' too), a worker's nodeSelector, a
     budget that lets pods go, an explicit ClusterIP, a longer load timeout: applied, and converged."""

@@ -16,7 +16,7 @@ import jsonpointer
 from hooks.api import SpecError
 from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, field_at
 from hooks.encoding import Path
-from hooks.limits import RenderedSize, json_size
+from hooks.limits import MAX_NESTING, RenderedSize, json_size, nesting
 from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 
 # A field a patch may not change, and who sets it (for the message).
@@ -84,16 +84,15 @@ def _changed_owned_field(rendered: dict, patched: dict, owned: Iterable[Owned]) 
     return None
 
 
-def _added_bytes(child: dict, step: dict[str, Any]) -> int:
-    """What one operation can add to the child: its value, or for copy the value it copies."""
-    if step["op"] in ("add", "replace"):
-        return json_size(step.get("value"))
-    if step["op"] == "copy":
+def _placed(child: dict, step: dict[str, Any]) -> Any:
+    """What one operation puts into the child or compares with it: its value, or for copy and
+    move the value at `from`."""
+    if step["op"] in ("copy", "move"):
         try:
-            return json_size(jsonpointer.resolve_pointer(child, step.get("from", "")))
+            return jsonpointer.resolve_pointer(child, step.get("from", ""))
         except jsonpointer.JsonPointerException:
-            return 0  # applying it reports the missing path
-    return 0
+            return None  # applying it reports the missing path
+    return step.get("value")
 
 
 def apply_patches(
@@ -103,8 +102,8 @@ def apply_patches(
     owned: Callable[[dict], Iterable[Owned]] = owned_fields,
 ) -> list[dict]:
     """The children with every patch applied in order; SpecError names a patch that does not
-    apply, that grows a child (or the answer) past what `sizes` allows, or that changes what
-    `owned` says it may not.
+    apply, that grows a child (or the answer) past what `sizes` allows, nests it too deep, or
+    changes what `owned` says it may not.
 
     A patched child is copied once, then patched in place: one copy per operation would make
     many operations quadratic."""
@@ -132,7 +131,13 @@ def apply_patches(
         for number, operation in enumerate(patch.patch):
             step = operation.model_dump(by_alias=True, exclude_unset=True)
             at = f"{where}: operation {number} ({step['op']} {step['path']})"
-            sizes.grow(position, patched, _added_bytes(patched, step), at)
+            placed = _placed(patched, step)
+            sizes.grow(position, patched, json_size(placed) if step["op"] in ("add", "replace", "copy") else 0, at)
+            # Each token of the path is a level above what it places.
+            if step["path"].count("/") + nesting(placed) > MAX_NESTING:
+                raise SpecError(
+                    f"{at}: would nest the child more than {MAX_NESTING} levels deep (Kubernetes objects nest about 15)"
+                )
             try:
                 patched = jsonpatch.JsonPatch([step]).apply(patched, in_place=True)
             except jsonpointer.JsonPointerException:
