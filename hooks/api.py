@@ -163,9 +163,10 @@ MOUNT_PATH_RULE = (
 )
 MODEL_CACHE_IMAGE_RULE = "modelCache needs an image for its download Job: set modelCache.downloader.image or spec.image"
 AUTOSCALING_RANGE_RULE = "autoscaling.maxReplicas must be at least minReplicas"
+UNEVICTABLE = "no pod could ever be evicted and every node drain would wait forever"
 MAX_UNAVAILABLE_RULE = (
-    "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 no "
-    "pod could ever be evicted and every node drain would wait forever (set enabled: false for no budget)"
+    "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 "
+    f"{UNEVICTABLE} (set enabled: false for no budget)"
 )
 MAX_UNAVAILABLE_PERCENT = re.compile(r"([1-9][0-9]?|100)%")
 NATS_NAME_RULE = (
@@ -509,12 +510,17 @@ class ChildPatch(ApiModel):
     """The operations, applied in order."""
 
 
-def _max_unavailable(value: Any) -> int | str:
+def max_unavailable_valid(value: Any) -> bool:
+    """A PodDisruptionBudget's maxUnavailable that lets a pod go: a positive int32 or 1% to 100%."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(MAX_UNAVAILABLE_RULE)
-    if isinstance(value, int) and not 1 <= value <= INT32_MAX:
-        raise ValueError(MAX_UNAVAILABLE_RULE)
-    if isinstance(value, str) and not MAX_UNAVAILABLE_PERCENT.fullmatch(value):
+        return False
+    if isinstance(value, int):
+        return 1 <= value <= INT32_MAX
+    return MAX_UNAVAILABLE_PERCENT.fullmatch(value) is not None
+
+
+def _max_unavailable(value: Any) -> int | str:
+    if not max_unavailable_valid(value):
         raise ValueError(MAX_UNAVAILABLE_RULE)
     return value
 
@@ -674,10 +680,14 @@ class ServiceSpec(ApiModel):
         unless disabled; a server only when it always keeps more than one replica (a budget over
         a single router would only say what a drain does anyway)."""
         budget = self.disruption_budget or DisruptionBudgetSpec()
-        fewest = self.autoscaling.min_replicas if self.autoscaling else self.replicas
-        if not budget.enabled or (not self.is_worker and fewest <= 1):
+        if not budget.enabled or (not self.is_worker and self.fewest_replicas <= 1):
             return None
         return budget.max_unavailable
+
+    @property
+    def fewest_replicas(self) -> int:
+        """The fewest replicas the service runs: its autoscaler's minimum, or `replicas`."""
+        return self.autoscaling.min_replicas if self.autoscaling else self.replicas
 
     @property
     def effective_port(self) -> int:

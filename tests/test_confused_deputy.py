@@ -146,6 +146,108 @@ def test_a_deeply_nested_patch_value_is_named(converged: Metacontroller) -> None
     )
 
 
+EVICTABLE = (
+    "no pod could ever be evicted and every node drain would wait forever; "
+    "spec.services.decode.disruptionBudget sets how many pods may go at once"
+)
+BUDGET = "patches[0] (PodDisruptionBudget qwen-pd-decode): "
+BUDGETS = {
+    "maxUnavailable 0": (
+        [{"op": "replace", "path": "/spec/maxUnavailable", "value": 0}],
+        BUDGET
+        + "spec.maxUnavailable: 0 is not a positive integer or a percentage from 1% to 100%: with 0 "
+        + EVICTABLE,
+    ),
+    "maxUnavailable 0%": (
+        [{"op": "replace", "path": "/spec/maxUnavailable", "value": "0%"}],
+        BUDGET
+        + "spec.maxUnavailable: '0%' is not a positive integer or a percentage from 1% to 100%: with 0 "
+        + EVICTABLE,
+    ),
+    "minAvailable 100%": (
+        [
+            {"op": "remove", "path": "/spec/maxUnavailable"},
+            {"op": "add", "path": "/spec/minAvailable", "value": "100%"},
+        ],
+        BUDGET + "spec.minAvailable: '100%': with the pool at its fewest (1 pod) " + EVICTABLE,
+    ),
+    "minAvailable of every pod": (
+        [
+            {"op": "remove", "path": "/spec/maxUnavailable"},
+            {"op": "add", "path": "/spec/minAvailable", "value": 1},
+        ],
+        BUDGET + "spec.minAvailable: 1: with the pool at its fewest (1 pod) " + EVICTABLE,
+    ),
+    "both bounds": (
+        [{"op": "add", "path": "/spec/minAvailable", "value": 1}],
+        BUDGET + "the API server would refuse the patched PodDisruptionBudget: spec.minAvailable: may not be set "
+        "together with maxUnavailable: remove maxUnavailable with the same patch",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BUDGETS)
+def test_a_patched_budget_still_lets_a_drain_through(converged: Metacontroller, case: str) -> None:
+    operations, message = BUDGETS[case]
+    assert converged.refusal(patch("PodDisruptionBudget", "qwen-pd-decode", *operations)) == message
+
+
+def test_a_percentage_minimum_counts_the_pool_at_its_fewest(converged: Metacontroller) -> None:
+    """Rounded up, as the disruption controller counts it: 67% of 3 pods keeps all 3."""
+
+    def three_pods_at_least(spec: dict[str, Any]) -> None:
+        queue = {"metric": {"name": "queue"}, "target": {"type": "AverageValue", "averageValue": 4}}
+        autoscaling = {"minReplicas": 3, "maxReplicas": 6, "metrics": [{"type": "Pods", "pods": queue}]}
+        spec["services"]["decode"].update(replicas=5, autoscaling=autoscaling)
+        patch(
+            "PodDisruptionBudget",
+            "qwen-pd-decode",
+            {"op": "remove", "path": "/spec/maxUnavailable"},
+            {"op": "add", "path": "/spec/minAvailable", "value": "67%"},
+        )(spec)
+
+    assert converged.refusal(three_pods_at_least) == (
+        BUDGET + "spec.minAvailable: '67%': with the pool at its fewest (3 pods) " + EVICTABLE
+    )
+
+
+SERVICE = "patches[0] (Service qwen-pd-server): "
+OWN_SERVICE = (
+    "the graph is reachable inside the cluster only, since whoever may create an InferaDeployment may not be "
+    "allowed more; a Service of your own can select the pods (infera.amd.com/deployment=qwen-pd,"
+    "infera.amd.com/service=server)"
+)
+EXPOSED = {
+    "external IPs": (
+        {"op": "add", "path": "/spec/externalIPs", "value": ["203.0.113.7"]},
+        SERVICE + "spec.externalIPs: may not be set: a Service with external IPs takes the cluster's traffic to "
+        "those addresses (CVE-2020-8554)",
+    ),
+    "LoadBalancer": (
+        {"op": "replace", "path": "/spec/type", "value": "LoadBalancer"},
+        SERVICE + "spec.type: may only be ClusterIP (not 'LoadBalancer'): " + OWN_SERVICE,
+    ),
+    "NodePort": (
+        {"op": "replace", "path": "/spec/type", "value": "NodePort"},
+        SERVICE + "spec.type: may only be ClusterIP (not 'NodePort'): " + OWN_SERVICE,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EXPOSED)
+def test_a_patch_does_not_expose_the_graph(converged: Metacontroller, case: str) -> None:
+    operation, message = EXPOSED[case]
+    assert converged.refusal(patch("Service", "qwen-pd-server", operation)) == message
+
+
+def test_a_patched_claim_template_still_asks_for_storage(converged: Metacontroller) -> None:
+    zero = {"op": "replace", "path": "/spec/volumeClaimTemplates/0/spec/resources/requests/storage", "value": "0"}
+    assert converged.refusal(patch("StatefulSet", "qwen-pd-nats", zero)) == (
+        "patches[0] (StatefulSet qwen-pd-nats): spec.volumeClaimTemplates[0].spec.resources.requests.storage: "
+        "must be more than 0 (not '0')"
+    )
+
+
 def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
     """Labels and annotations of every child (the RBAC objects' too), a worker's nodeSelector, a
     budget that lets pods go, an explicit ClusterIP, a longer load timeout: applied, and converged."""
@@ -199,3 +301,18 @@ def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
     decode = mc.children[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]
     assert decode["nodeSelector"] == {"gpu.amd.com/family": "mi300x"}
     assert mc.children[("PodDisruptionBudget", "qwen-pd-prefill")]["spec"]["maxUnavailable"] == "50%"
+
+
+def test_a_minimum_that_lets_a_pod_go_is_patchable(hooks: HookClient) -> None:
+    obj = parent(PD)
+    obj["spec"]["services"]["decode"]["replicas"] = 3
+    obj["spec"]["patches"] = [
+        {
+            "target": {"kind": "PodDisruptionBudget", "name": "qwen-pd-decode"},
+            "patch": [
+                {"op": "remove", "path": "/spec/maxUnavailable"},
+                {"op": "add", "path": "/spec/minAvailable", "value": "50%"},
+            ],
+        }
+    ]
+    assert hooks.sync(obj)["status"]["state"] == "initializing"
