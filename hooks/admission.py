@@ -27,6 +27,7 @@ from hooks import kubernetes_schema
 from hooks.api import (
     MAX_ANNOTATIONS_BYTES,
     QUALIFIED_NAME,
+    READY_TIMEOUT_ENV,
     UNEVICTABLE,
     InferaDeployment,
     SpecError,
@@ -36,6 +37,7 @@ from hooks.api import (
     label_value_valid,
     max_unavailable_valid,
     qualified_key_problem,
+    ready_timeout_problem,
     shown,
 )
 from hooks.contract import field_at, is_string_map
@@ -517,6 +519,18 @@ def _storage_problems(claim_spec: Any, at: str) -> Iterator[Problem]:
         yield f"{at}.resources.requests.storage", f"must be more than 0 (not {shown(storage)})"
 
 
+def _ready_timeout_problems(child: dict) -> Iterator[Problem]:
+    """As a service's env and spec.envs: the engine's load timeout, in every container."""
+    for path in POD_TEMPLATES.get(child["kind"], ()):
+        spec = field_at(child, *path, "spec") or {}
+        for kind in ("initContainers", "containers"):
+            for index, container in enumerate(spec.get(kind) or []):
+                for number, var in enumerate(container.get("env") or []):
+                    value = var.get("value")
+                    if var["name"] == READY_TIMEOUT_ENV and value and (problem := ready_timeout_problem(value)):
+                        yield f"{'.'.join(path)}.spec.{kind}[{index}].env[{number}].value", problem
+
+
 def _broken_rule(idep: InferaDeployment, child: dict) -> str | None:
     """The first of the spec's rules that a child breaks, or None."""
     kind, spec = child["kind"], child.get("spec") or {}
@@ -526,6 +540,7 @@ def _broken_rule(idep: InferaDeployment, child: dict) -> str | None:
         _exposure_problems(child) if kind == "Service" else (),
         _storage_problems(spec, "spec") if kind == "PersistentVolumeClaim" else (),
         *(_storage_problems(claim.get("spec"), f"spec.volumeClaimTemplates[{index}].spec") for index, claim in claims),
+        _ready_timeout_problems(child),
     )
     problem = next(problems, None)
     return None if problem is None else f"{problem[0]}: {problem[1]}"

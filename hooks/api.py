@@ -7,6 +7,7 @@ written for users. The CRD generator (hooks.crd) turns these models into a struc
 import difflib
 import functools
 import hashlib
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -79,6 +81,34 @@ def label_value_valid(value: Any) -> bool:
 def annotations_bytes(annotations: dict[str, str]) -> int:
     """What the API server counts against MAX_ANNOTATIONS_BYTES."""
     return sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+
+
+# The worker wrappers (infera.engine.<backend>.worker) give up on their engine after this many seconds.
+READY_TIMEOUT_ENV = "INFERA_ENGINE_READY_TIMEOUT"
+
+
+def ready_timeout(raw: str) -> float | None:
+    """The seconds a worker wrapper waits for its engine with `raw` as READY_TIMEOUT_ENV, read as
+    the wrappers read it (Python's float()); None unless a positive, finite number. The wrappers
+    give up at once on 0, a negative number or nan, wait forever on inf, and wait their default
+    1800 s on text float() refuses."""
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def ready_timeout_problem(raw: str) -> str | None:
+    """Why READY_TIMEOUT_ENV written as `raw` would not give the engine the time it asks for, or
+    None (also for a `$(VAR)` reference, which only kubelet expands)."""
+    if "$" in raw or ready_timeout(raw) is not None:
+        return None
+    return (
+        f"{READY_TIMEOUT_ENV} must be a positive, finite number of seconds such as 7200 (not {shown(raw)}): each "
+        "worker gives up on its engine after that long, at once for 0, a negative number or nan, and after its "
+        "default 1800 s for a value it cannot read"
+    )
 
 
 def env_name_problem(name: str) -> str | None:
@@ -393,6 +423,13 @@ class EnvVar(ApiModel):
         if problem := env_name_problem(name):
             raise ValueError(problem)
         return name
+
+    @field_validator("value")
+    @classmethod
+    def _ready_timeout(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value and info.data.get("name") == READY_TIMEOUT_ENV and (problem := ready_timeout_problem(value)):
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _one_value(self) -> "EnvVar":

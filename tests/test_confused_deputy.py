@@ -248,6 +248,45 @@ def test_a_patched_claim_template_still_asks_for_storage(converged: Metacontroll
     )
 
 
+READY = (
+    "INFERA_ENGINE_READY_TIMEOUT must be a positive, finite number of seconds such as 7200 (not {!r}): each worker "
+    "gives up on its engine after that long, at once for 0, a negative number or nan, and after its default 1800 s "
+    "for a value it cannot read"
+)
+READY_VAR = "INFERA_ENGINE_READY_TIMEOUT"
+
+
+@pytest.mark.parametrize("value", ["-100", "0", "nan", "inf", "soon"])
+@pytest.mark.parametrize("where", ["service env", "envs"])
+def test_the_engines_load_timeout_is_a_positive_number_of_seconds(
+    converged: Metacontroller, where: str, value: str
+) -> None:
+    def change(spec: dict[str, Any]) -> None:
+        variables = [{"name": "OTHER", "value": "1"}, {"name": READY_VAR, "value": value}]
+        if where == "envs":
+            spec["envs"] = variables
+        else:
+            spec["services"]["decode"]["env"] = variables
+
+    field = "spec.envs.1.value" if where == "envs" else "spec.services.decode.env.1.value"
+    assert converged.refusal(change) == f"invalid spec: {field}: {READY.format(value)}"
+
+
+def test_the_load_timeout_is_held_to_the_same_rule_in_a_template_and_a_patch(converged: Metacontroller) -> None:
+    def template(spec: dict[str, Any]) -> None:
+        container = {"name": "infera", "env": [{"name": READY_VAR, "value": "0"}]}
+        spec["services"]["decode"]["extraPodSpec"] = {"containers": [container]}
+
+    assert converged.refusal(template) == (
+        "spec.services.decode.extraPodSpec (Deployment qwen-pd-decode): spec.template.spec.containers[0].env[0].value: "
+        + READY.format("0")
+    )
+    added = {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": READY_VAR, "value": "-1"}}
+    assert converged.refusal(patch("Deployment", "qwen-pd-decode", added)) == (
+        "patches[0] (Deployment qwen-pd-decode): spec.template.spec.containers[0].env[5].value: " + READY.format("-1")
+    )
+
+
 def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
     """Labels and annotations of every child (the RBAC objects' too), a worker's nodeSelector, a
     budget that lets pods go, an explicit ClusterIP, a longer load timeout: applied, and converged."""
