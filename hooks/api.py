@@ -186,10 +186,28 @@ MODEL_CACHE_NAME_RULE = (
     f"Job <metadata.name>-download-<digest> names its pods' job-name label, at most {MAX_CHILD_NAME})"
 )
 MODELS_NAME_RULE = "service name models is reserved while modelCache is set (the model cache's own children)"
-# Where the cache would hide what the engine needs (GPU devices, the kernel's files, the image).
-SYSTEM_PATHS = ("/dev", "/proc", "/sys", "/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run")
+# Where the cache would hide what the engine needs: GPU devices, the kernel's files, the image's
+# programs and libraries, the runtime's sockets, the scratch space engines write (/tmp) and the
+# ROCm runtime the GPU engine loads. A mount at a parent of one (/opt, /var) hides it too.
+SYSTEM_PATHS = (
+    "/dev",
+    "/proc",
+    "/sys",
+    "/etc",
+    "/boot",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/run",
+    "/var/run",
+    "/tmp",
+    "/opt/rocm",
+)
 MOUNT_PATH_RULE = (
-    f"modelCache.mountPath must be an absolute path without . or .. segments, outside {', '.join(SYSTEM_PATHS)}"
+    "modelCache.mountPath must be an absolute path without . or .. segments, neither in nor above a directory "
+    f"the engine needs from its image and node ({', '.join(SYSTEM_PATHS)}): e.g. /models"
 )
 MODEL_CACHE_IMAGE_RULE = "modelCache needs an image for its download Job: set modelCache.downloader.image or spec.image"
 AUTOSCALING_RANGE_RULE = "autoscaling.maxReplicas must be at least minReplicas"
@@ -777,9 +795,11 @@ class ModelCacheSpec(ApiModel):
     @classmethod
     def _free_path(cls, path: str) -> str:
         segments = path.split("/")[1:]
-        if any(s in (".", "..", "") for s in segments) or any(
-            path == system or path.startswith(system + "/") for system in SYSTEM_PATHS
-        ):
+        # In or above a system path: one of the two is a prefix of the other, segment by segment.
+        clashes = (
+            f"{path}/".startswith(f"{system}/") or f"{system}/".startswith(f"{path}/") for system in SYSTEM_PATHS
+        )
+        if any(s in (".", "..", "") for s in segments) or any(clashes):
             raise ValueError(MOUNT_PATH_RULE)
         return path
 

@@ -287,6 +287,26 @@ def test_the_load_timeout_is_held_to_the_same_rule_in_a_template_and_a_patch(con
     )
 
 
+MOUNT_PATH = (
+    "invalid spec: spec.modelCache.mountPath: modelCache.mountPath must be an absolute path without . or .. segments, "
+    "neither in nor above a directory the engine needs from its image and node (/dev, /proc, /sys, /etc, /boot, /usr, "
+    "/bin, /sbin, /lib, /lib64, /run, /var/run, /tmp, /opt/rocm): e.g. /models"
+)
+CACHE = {"source": "hf://Qwen/Qwen3-0.6B", "size": "20Gi"}
+
+
+@pytest.mark.parametrize("path", ["/var/run", "/tmp", "/tmp/models", "/opt/rocm", "/opt/rocm/lib", "/opt", "/var"])
+def test_the_model_cache_hides_nothing_the_engine_needs(converged: Metacontroller, path: str) -> None:
+    assert converged.refusal(lambda spec: spec.update(modelCache={**CACHE, "mountPath": path})) == MOUNT_PATH
+
+
+@pytest.mark.parametrize("path", ["/models", "/opt/models", "/var/cache/models", "/tmpfs", "/data/rocm"])
+def test_a_model_cache_beside_the_system_paths_is_accepted(hooks: HookClient, path: str) -> None:
+    obj = parent(PD)
+    obj["spec"]["modelCache"] = {**CACHE, "mountPath": path}
+    assert hooks.sync(obj)["status"]["state"] == "initializing"
+
+
 def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
     """Labels and annotations of every child (the RBAC objects' too), a worker's nodeSelector, a
     budget that lets pods go, an explicit ClusterIP, a longer load timeout: applied, and converged."""
