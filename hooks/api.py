@@ -217,6 +217,7 @@ MAX_UNAVAILABLE_RULE = (
     f"{UNEVICTABLE} (set enabled: false for no budget)"
 )
 MAX_UNAVAILABLE_PERCENT = re.compile(r"([1-9][0-9]?|100)%")
+NATS_STORAGE_RULE = "nats.storageSize must be more than 0: JetStream keeps its streams in a claim of that size"
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -463,12 +464,31 @@ class NatsSpec(ApiModel):
     """Create a single-node JetStream NATS (StatefulSet + headless Service) for this graph."""
     image: ImageReference | None = None
     """NATS server image. Defaults to a NATS 2.x tag pinned by this operator release."""
-    storage_size: Quantity = "4Gi"
+    storage_size: Annotated[
+        Quantity,
+        Field(
+            json_schema_extra={
+                # Bounds the CEL cost estimate of the rule's regular expression.
+                "maxLength": 64,
+                "x-kubernetes-validations": [
+                    # The digits before any suffix hold one that is not 0, and no sign says less.
+                    cel("type(self) == int ? self > 0 : self.matches('^[+]?[0-9.]*[1-9]')", NATS_STORAGE_RULE)
+                ],
+            }
+        ),
+    ] = "4Gi"
     """Size of the JetStream PersistentVolumeClaim."""
     storage_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
     """StorageClass of the JetStream PVC; the cluster default when unset."""
     retain_storage: bool = False
     """Keep the JetStream PVC when the InferaDeployment is deleted (by default it is deleted too)."""
+
+    @field_validator("storage_size")
+    @classmethod
+    def _positive(cls, size: str) -> str:
+        if quantity_value(size) <= 0:
+            raise ValueError(NATS_STORAGE_RULE)
+        return size
 
     @property
     def effective_image(self) -> str:

@@ -307,6 +307,14 @@ def test_a_model_cache_beside_the_system_paths_is_accepted(hooks: HookClient, pa
     assert hooks.sync(obj)["status"]["state"] == "initializing"
 
 
+@pytest.mark.parametrize("size", ["0", 0, "0Gi", "0.0"])
+def test_a_broker_without_storage_is_refused(converged: Metacontroller, size: str | int) -> None:
+    assert converged.refusal(lambda spec: spec.update(nats={"deploy": True, "storageSize": size})) == (
+        "invalid spec: spec.nats.storageSize: nats.storageSize must be more than 0: JetStream keeps its streams in "
+        "a claim of that size"
+    )
+
+
 def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
     """Labels and annotations of every child (the RBAC objects' too), a worker's nodeSelector, a
     budget that lets pods go, an explicit ClusterIP, a longer load timeout: applied, and converged."""
