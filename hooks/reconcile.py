@@ -115,6 +115,7 @@ def _rendered(
                 add(child)
     patched = patches.apply_patches(idep.spec.patches or [], children, sizes, lambda child: _owned_fields(idep, child))
     admission.check(idep, children, patched)
+    sizes.check_recorded(patched, idep.metadata.namespace, idep.metadata.uid)
     return patched + kept_jobs
 
 

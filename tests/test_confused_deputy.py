@@ -4,18 +4,22 @@ of the parent's namespace or from Metacontroller's hold, widen what the graph's 
 expose its Services, or get around a rule the spec's own fields are held to. Every reproduction
 here fails as a spec error: status `failed`, nothing written, every child kept."""
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.support.requests import PD, parent
+from tests.support.requests import EXAMPLES, PD, load_yaml, parent, upstream_corpus
 from tests.support.service import HookClient
 from tests.support.simulator import LAST_APPLIED, Metacontroller
 
 Change = Callable[[dict[str, Any]], None]
 NAMESPACE = "ml"
 UID = parent(PD)["metadata"]["uid"]
+# The API server's bound on all of an object's annotations together (keys and values).
+MAX_ANNOTATIONS = 262_144
 RBAC = "rbac.authorization.k8s.io"
 
 
@@ -313,6 +317,68 @@ def test_a_broker_without_storage_is_refused(converged: Metacontroller, size: st
         "invalid spec: spec.nats.storageSize: nats.storageSize must be more than 0: JetStream keeps its streams in "
         "a claim of that size"
     )
+
+
+# What Metacontroller adds to each child before recording it, and the annotation's key.
+RECORD_OVERHEAD = len(f',"namespace":"{NAMESPACE}"') + len(f',"controller-uid":"{UID}"') + len(LAST_APPLIED)
+RECORD = re.compile(
+    r"Deployment qwen-pd-decode is ([\d,]+) bytes as JSON: Metacontroller records all of it in the annotation "
+    r"metacontroller\.k8s\.io/last-applied-configuration, and with the child's other annotations that makes "
+    r"([\d,]+) bytes, past the API server's bound of 262,144 bytes \(256 KiB\) of annotations per object, so the "
+    r"child could never be created or updated: shorten what the spec puts in it \(envs, args, extraPodSpec, patches\)"
+)
+
+
+def recorded(message: str) -> tuple[int, int]:
+    """The child's size and the annotation bytes it needs, as the message says them."""
+    match = RECORD.fullmatch(message)
+    assert match, message
+    size, needed = (int(group.replace(",", "")) for group in match.groups())
+    return size, needed
+
+
+def test_a_child_metacontroller_could_not_record_is_refused(converged: Metacontroller) -> None:
+    big = {"name": "BLOB", "value": "x" * 300_000}
+    size, needed = recorded(converged.refusal(lambda spec: spec.update(envs=[big])))
+    assert 300_000 < size < 310_000
+    assert needed == size + RECORD_OVERHEAD
+
+
+def test_the_record_counts_what_go_escapes_and_the_childs_own_annotations(converged: Metacontroller) -> None:
+    """Go's JSON encoder writes each & as \\u0026: 50,000 of them take 300,000 bytes in the record."""
+    ampersands = {"name": "SCRIPT", "value": "&" * 50_000}
+    size, needed = recorded(converged.refusal(lambda spec: spec["services"]["decode"].update(env=[ampersands])))
+    assert 50_000 < size < 60_000
+    assert needed == size + 5 * 50_000 + RECORD_OVERHEAD
+    # A patch's annotations count twice: in the record, and as themselves.
+    note = {"op": "add", "path": "/metadata/annotations", "value": {"example.com/note": "n" * 130_000}}
+    size, needed = recorded(converged.refusal(patch("Deployment", "qwen-pd-decode", note)))
+    assert needed == size + len("example.com/note") + 130_000 + RECORD_OVERHEAD
+
+
+def test_a_child_just_inside_the_record_bound_is_applied(hooks: HookClient) -> None:
+    obj = parent(PD)
+    obj["spec"]["envs"] = [{"name": "BLOB", "value": "x" * 250_000}]
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    assert mc.parent["status"]["state"] != "failed"
+    assert len(mc.children[("Deployment", "qwen-pd-decode")]["metadata"]["annotations"][LAST_APPLIED]) > 250_000
+
+
+def test_no_example_comes_near_the_record_bound(hooks: HookClient) -> None:
+    """Every child of every example and of the upstream operator's corpus is recorded in under a
+    tenth of the bound (the largest, a LeaderWorkerSet, in under 5 KB)."""
+    documents = [doc for path in sorted(EXAMPLES.glob("*.yaml")) for doc in load_yaml(path)]
+    documents += [doc for _, doc in upstream_corpus()]
+    largest = 0
+    for doc in documents:
+        answer = hooks.sync(parent(doc, namespace=NAMESPACE))
+        assert answer["status"]["state"] != "failed", doc["metadata"]["name"]
+        for child in answer["children"]:
+            text = json.dumps(child, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            escaped = 5 * sum(text.count(char) for char in "<>&")
+            largest = max(largest, len(text.encode()) + escaped + RECORD_OVERHEAD)
+    assert 0 < largest < MAX_ANNOTATIONS // 10
 
 
 def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
