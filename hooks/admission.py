@@ -6,7 +6,8 @@ autoscaling metrics and behavior, and `spec.patches`. The children they shape ar
 (hooks/kubernetes_schema.py, enums included) and the API server's own rules for what a schema
 cannot say (names, ports, selectors, sizes, what a value such as dnsPolicy None requires
 elsewhere), so that a bad spec fails in status naming its field instead
-of every apply failing where only events show it.
+of every apply failing where only events show it. They are held to the rules the spec's own
+fields are held to as well (_broken_rule): a patch must not get around them.
 
 Custom kinds (LeaderWorkerSet, InferencePool, HTTPRoute) get their pod templates checked; the
 rest of a patch on them is left to the API server.
@@ -15,9 +16,10 @@ rest of a patch on them is left to the API server.
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -25,13 +27,17 @@ from hooks import kubernetes_schema
 from hooks.api import (
     MAX_ANNOTATIONS_BYTES,
     QUALIFIED_NAME,
+    READY_TIMEOUT_ENV,
+    UNEVICTABLE,
     InferaDeployment,
     SpecError,
     annotations_bytes,
     env_name_problem,
     is_extended_resource,
     label_value_valid,
+    max_unavailable_valid,
     qualified_key_problem,
+    ready_timeout_problem,
     shown,
 )
 from hooks.contract import field_at, is_string_map
@@ -427,6 +433,15 @@ def refusal(child: dict) -> str | None:
 STRICT_KINDS = {"HorizontalPodAutoscaler": "StrictHorizontalPodAutoscaler"}
 
 
+def _budget_problems(child: dict) -> Iterator[Problem]:
+    spec = child.get("spec") or {}
+    if "minAvailable" in spec and "maxUnavailable" in spec:
+        yield (
+            "spec.minAvailable",
+            "may not be set together with maxUnavailable: remove maxUnavailable with the same patch",
+        )
+
+
 def _check_child(child: dict) -> str | None:
     problem = kubernetes_schema.problem(STRICT_KINDS.get(child["kind"], child["kind"]), child)
     if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
@@ -440,8 +455,94 @@ def _check_child(child: dict) -> str | None:
             _workload_problems(child) if child["kind"] in POD_TEMPLATES else (),
             _service_problems(child) if child["kind"] == "Service" else (),
             _autoscaler_problems(child) if child["kind"] == "HorizontalPodAutoscaler" else (),
+            _budget_problems(child) if child["kind"] == "PodDisruptionBudget" else (),
         )
         problem = next(semantic, None)
+    return None if problem is None else f"{problem[0]}: {problem[1]}"
+
+
+# The rules the spec's own fields are held to (api.py), on what a patch or an extraPodSpec made.
+
+
+def _evictable_problems(idep: InferaDeployment, child: dict) -> Iterator[Problem]:
+    """As spec.services.<name>.disruptionBudget: the budget lets a pod go, with the pool at its
+    fewest pods (every budget is a service's)."""
+    spec = child.get("spec") or {}
+    service = (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
+    svc = idep.spec.services.get(service or "")
+    if svc is None:
+        return
+    instead = f"spec.services.{service}.disruptionBudget sets how many pods may go at once"
+    if "maxUnavailable" in spec and not max_unavailable_valid(spec["maxUnavailable"]):
+        yield (
+            "spec.maxUnavailable",
+            f"{shown(spec['maxUnavailable'])} is not a positive integer or a percentage from 1% to 100%: with 0 "
+            f"{UNEVICTABLE}; {instead}",
+        )
+    minimum = spec.get("minAvailable")
+    pods = svc.fewest_replicas * svc.number_of_nodes
+    percent = re.fullmatch(r"([0-9]+)%", minimum) if isinstance(minimum, str) else None
+    # A percentage rounds up, as the disruption controller counts it; other values are the API server's to refuse.
+    kept = math.ceil(int(percent.group(1)) * pods / 100) if percent else minimum if isinstance(minimum, int) else 0
+    if pods and kept >= pods:
+        yield (
+            "spec.minAvailable",
+            f"{shown(minimum)}: with the pool at its fewest ({pods} {'pod' if pods == 1 else 'pods'}) {UNEVICTABLE}; "
+            f"{instead}",
+        )
+
+
+def _exposure_problems(child: dict) -> Iterator[Problem]:
+    """The graph's Services are reachable inside the cluster only: an InferaDeployment must not
+    make for its author what only those allowed to create such Services may."""
+    spec = child.get("spec") or {}
+    if spec.get("externalIPs"):
+        yield (
+            "spec.externalIPs",
+            "may not be set: a Service with external IPs takes the cluster's traffic to those addresses (CVE-2020-8554)",
+        )
+    if spec.get("type") not in (None, "", "ClusterIP"):
+        selector = ",".join(f"{key}={value}" for key, value in (spec.get("selector") or {}).items())
+        yield (
+            "spec.type",
+            f"may only be ClusterIP (not {shown(spec['type'])}): the graph is reachable inside the cluster only, "
+            f"since whoever may create an InferaDeployment may not be allowed more; a Service of your own can "
+            f"select the pods ({selector})",
+        )
+
+
+def _storage_problems(claim_spec: Any, at: str) -> Iterator[Problem]:
+    """As nats.storageSize and modelCache.size: a claim of no bytes never binds."""
+    storage = field_at(claim_spec, "resources", "requests", "storage")
+    amount = None if storage is None else _quantity(storage)
+    if amount is not None and amount <= 0:
+        yield f"{at}.resources.requests.storage", f"must be more than 0 (not {shown(storage)})"
+
+
+def _ready_timeout_problems(child: dict) -> Iterator[Problem]:
+    """As a service's env and spec.envs: the engine's load timeout, in every container."""
+    for path in POD_TEMPLATES.get(child["kind"], ()):
+        spec = field_at(child, *path, "spec") or {}
+        for kind in ("initContainers", "containers"):
+            for index, container in enumerate(spec.get(kind) or []):
+                for number, var in enumerate(container.get("env") or []):
+                    value = var.get("value")
+                    if var["name"] == READY_TIMEOUT_ENV and value and (problem := ready_timeout_problem(value)):
+                        yield f"{'.'.join(path)}.spec.{kind}[{index}].env[{number}].value", problem
+
+
+def _broken_rule(idep: InferaDeployment, child: dict) -> str | None:
+    """The first of the spec's rules that a child breaks, or None."""
+    kind, spec = child["kind"], child.get("spec") or {}
+    claims = enumerate(spec.get("volumeClaimTemplates") or [] if kind == "StatefulSet" else [])
+    problems = itertools.chain(
+        _evictable_problems(idep, child) if kind == "PodDisruptionBudget" else (),
+        _exposure_problems(child) if kind == "Service" else (),
+        _storage_problems(spec, "spec") if kind == "PersistentVolumeClaim" else (),
+        *(_storage_problems(claim.get("spec"), f"spec.volumeClaimTemplates[{index}].spec") for index, claim in claims),
+        _ready_timeout_problems(child),
+    )
+    problem = next(problems, None)
     return None if problem is None else f"{problem[0]}: {problem[1]}"
 
 
@@ -456,21 +557,31 @@ def _free_form_source(idep: InferaDeployment, child: dict) -> str | None:
     return f"spec.services.{service}.extraPodSpec" if svc.extra_pod_spec else None
 
 
+def _patches_to_blame(before: dict, after: dict, source: str | None, verdict: Callable[[dict], str | None]) -> bool:
+    """Whether the patches on a child are what the verdict finds wrong: nothing else shaped it,
+    or it was fine before them."""
+    return after is not before and (source is None or verdict(before) is None)
+
+
 def check(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> None:
-    """SpecError naming the spec field behind the first child the API server would refuse:
-    the service's extraPodSpec or autoscaling, or the patches on that child. `rendered` are the
-    children before spec.patches, `patched` after (a patched child is a new object)."""
+    """SpecError naming the spec field behind the first child the API server would refuse, or
+    that breaks a rule the spec is held to: the service's extraPodSpec or autoscaling, or the
+    patches on that child. `rendered` are the children before spec.patches, `patched` after (a
+    patched child is a new object)."""
     patches = idep.spec.patches or []
     for before, after in zip(rendered, patched, strict=True):
         source = _free_form_source(idep, after)
         if after is before and source is None:
             continue
-        reason = refusal(after)
-        if reason is None:
-            continue
         name = f"{after['kind']} {after['metadata']['name']}"
-        if after is not before and (source is None or refusal(before) is None):
-            raise SpecError(
-                f"{targeting(patches, after)} ({name}): the API server would refuse the patched {after['kind']}: {reason}"
-            )
-        raise SpecError(f"{source}: the API server would refuse {name} made from it: {reason}")
+        reason = refusal(after)
+        if reason is not None:
+            if _patches_to_blame(before, after, source, refusal):
+                raise SpecError(
+                    f"{targeting(patches, after)} ({name}): the API server would refuse the patched {after['kind']}: {reason}"
+                )
+            raise SpecError(f"{source}: the API server would refuse {name} made from it: {reason}")
+        broken = _broken_rule(idep, after)
+        if broken is not None:
+            blamed = _patches_to_blame(before, after, source, lambda child: _broken_rule(idep, child))
+            raise SpecError(f"{targeting(patches, after) if blamed else source} ({name}): {broken}")

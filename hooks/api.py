@@ -7,6 +7,7 @@ written for users. The CRD generator (hooks.crd) turns these models into a struc
 import difflib
 import functools
 import hashlib
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -79,6 +81,34 @@ def label_value_valid(value: Any) -> bool:
 def annotations_bytes(annotations: dict[str, str]) -> int:
     """What the API server counts against MAX_ANNOTATIONS_BYTES."""
     return sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+
+
+# The worker wrappers (infera.engine.<backend>.worker) give up on their engine after this many seconds.
+READY_TIMEOUT_ENV = "INFERA_ENGINE_READY_TIMEOUT"
+
+
+def ready_timeout(raw: str) -> float | None:
+    """The seconds a worker wrapper waits for its engine with `raw` as READY_TIMEOUT_ENV, read as
+    the wrappers read it (Python's float()); None unless a positive, finite number. The wrappers
+    give up at once on 0, a negative number or nan, wait forever on inf, and wait their default
+    1800 s on text float() refuses."""
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def ready_timeout_problem(raw: str) -> str | None:
+    """Why READY_TIMEOUT_ENV written as `raw` would not give the engine the time it asks for, or
+    None (also for a `$(VAR)` reference, which only kubelet expands)."""
+    if "$" in raw or ready_timeout(raw) is not None:
+        return None
+    return (
+        f"{READY_TIMEOUT_ENV} must be a positive, finite number of seconds such as 7200 (not {shown(raw)}): each "
+        "worker gives up on its engine after that long, at once for 0, a negative number or nan, and after its "
+        "default 1800 s for a value it cannot read"
+    )
 
 
 def env_name_problem(name: str) -> str | None:
@@ -156,18 +186,38 @@ MODEL_CACHE_NAME_RULE = (
     f"Job <metadata.name>-download-<digest> names its pods' job-name label, at most {MAX_CHILD_NAME})"
 )
 MODELS_NAME_RULE = "service name models is reserved while modelCache is set (the model cache's own children)"
-# Where the cache would hide what the engine needs (GPU devices, the kernel's files, the image).
-SYSTEM_PATHS = ("/dev", "/proc", "/sys", "/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run")
+# Where the cache would hide what the engine needs: GPU devices, the kernel's files, the image's
+# programs and libraries, the runtime's sockets, the scratch space engines write (/tmp) and the
+# ROCm runtime the GPU engine loads. A mount at a parent of one (/opt, /var) hides it too.
+SYSTEM_PATHS = (
+    "/dev",
+    "/proc",
+    "/sys",
+    "/etc",
+    "/boot",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/run",
+    "/var/run",
+    "/tmp",
+    "/opt/rocm",
+)
 MOUNT_PATH_RULE = (
-    f"modelCache.mountPath must be an absolute path without . or .. segments, outside {', '.join(SYSTEM_PATHS)}"
+    "modelCache.mountPath must be an absolute path without . or .. segments, neither in nor above a directory "
+    f"the engine needs from its image and node ({', '.join(SYSTEM_PATHS)}): e.g. /models"
 )
 MODEL_CACHE_IMAGE_RULE = "modelCache needs an image for its download Job: set modelCache.downloader.image or spec.image"
 AUTOSCALING_RANGE_RULE = "autoscaling.maxReplicas must be at least minReplicas"
+UNEVICTABLE = "no pod could ever be evicted and every node drain would wait forever"
 MAX_UNAVAILABLE_RULE = (
-    "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 no "
-    "pod could ever be evicted and every node drain would wait forever (set enabled: false for no budget)"
+    "disruptionBudget.maxUnavailable must be a positive integer or a percentage from 1% to 100%: with 0 "
+    f"{UNEVICTABLE} (set enabled: false for no budget)"
 )
 MAX_UNAVAILABLE_PERCENT = re.compile(r"([1-9][0-9]?|100)%")
+NATS_STORAGE_RULE = "nats.storageSize must be more than 0: JetStream keeps its streams in a claim of that size"
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -393,6 +443,13 @@ class EnvVar(ApiModel):
             raise ValueError(problem)
         return name
 
+    @field_validator("value")
+    @classmethod
+    def _ready_timeout(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value and info.data.get("name") == READY_TIMEOUT_ENV and (problem := ready_timeout_problem(value)):
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _one_value(self) -> "EnvVar":
         if self.value and self.value_from is not None:
@@ -407,12 +464,31 @@ class NatsSpec(ApiModel):
     """Create a single-node JetStream NATS (StatefulSet + headless Service) for this graph."""
     image: ImageReference | None = None
     """NATS server image. Defaults to a NATS 2.x tag pinned by this operator release."""
-    storage_size: Quantity = "4Gi"
+    storage_size: Annotated[
+        Quantity,
+        Field(
+            json_schema_extra={
+                # Bounds the CEL cost estimate of the rule's regular expression.
+                "maxLength": 64,
+                "x-kubernetes-validations": [
+                    # The digits before any suffix hold one that is not 0, and no sign says less.
+                    cel("type(self) == int ? self > 0 : self.matches('^[+]?[0-9.]*[1-9]')", NATS_STORAGE_RULE)
+                ],
+            }
+        ),
+    ] = "4Gi"
     """Size of the JetStream PersistentVolumeClaim."""
     storage_class_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)] | None = None
     """StorageClass of the JetStream PVC; the cluster default when unset."""
     retain_storage: bool = False
     """Keep the JetStream PVC when the InferaDeployment is deleted (by default it is deleted too)."""
+
+    @field_validator("storage_size")
+    @classmethod
+    def _positive(cls, size: str) -> str:
+        if quantity_value(size) <= 0:
+            raise ValueError(NATS_STORAGE_RULE)
+        return size
 
     @property
     def effective_image(self) -> str:
@@ -509,12 +585,17 @@ class ChildPatch(ApiModel):
     """The operations, applied in order."""
 
 
-def _max_unavailable(value: Any) -> int | str:
+def max_unavailable_valid(value: Any) -> bool:
+    """A PodDisruptionBudget's maxUnavailable that lets a pod go: a positive int32 or 1% to 100%."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(MAX_UNAVAILABLE_RULE)
-    if isinstance(value, int) and not 1 <= value <= INT32_MAX:
-        raise ValueError(MAX_UNAVAILABLE_RULE)
-    if isinstance(value, str) and not MAX_UNAVAILABLE_PERCENT.fullmatch(value):
+        return False
+    if isinstance(value, int):
+        return 1 <= value <= INT32_MAX
+    return MAX_UNAVAILABLE_PERCENT.fullmatch(value) is not None
+
+
+def _max_unavailable(value: Any) -> int | str:
+    if not max_unavailable_valid(value):
         raise ValueError(MAX_UNAVAILABLE_RULE)
     return value
 
@@ -674,10 +755,14 @@ class ServiceSpec(ApiModel):
         unless disabled; a server only when it always keeps more than one replica (a budget over
         a single router would only say what a drain does anyway)."""
         budget = self.disruption_budget or DisruptionBudgetSpec()
-        fewest = self.autoscaling.min_replicas if self.autoscaling else self.replicas
-        if not budget.enabled or (not self.is_worker and fewest <= 1):
+        if not budget.enabled or (not self.is_worker and self.fewest_replicas <= 1):
             return None
         return budget.max_unavailable
+
+    @property
+    def fewest_replicas(self) -> int:
+        """The fewest replicas the service runs: its autoscaler's minimum, or `replicas`."""
+        return self.autoscaling.min_replicas if self.autoscaling else self.replicas
 
     @property
     def effective_port(self) -> int:
@@ -730,9 +815,11 @@ class ModelCacheSpec(ApiModel):
     @classmethod
     def _free_path(cls, path: str) -> str:
         segments = path.split("/")[1:]
-        if any(s in (".", "..", "") for s in segments) or any(
-            path == system or path.startswith(system + "/") for system in SYSTEM_PATHS
-        ):
+        # In or above a system path: one of the two is a prefix of the other, segment by segment.
+        clashes = (
+            f"{path}/".startswith(f"{system}/") or f"{system}/".startswith(f"{path}/") for system in SYSTEM_PATHS
+        )
+        if any(s in (".", "..", "") for s in segments) or any(clashes):
             raise ValueError(MOUNT_PATH_RULE)
         return path
 

@@ -19,6 +19,8 @@ import orjson
 from hooks import vocabulary
 
 LAST_APPLIED_ANNOTATION = "metacontroller.k8s.io/last-applied-configuration"
+# The label generateSelector adds to every child: the parent's uid, which its selector matches.
+CONTROLLER_UID_LABEL = "controller-uid"
 # Metacontroller sends the parent plus every child; 16 MiB is far above any real graph.
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 

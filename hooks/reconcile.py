@@ -14,8 +14,7 @@ from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.memo import RenderMemo, RolledUp
-from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats
-from hooks.renderers.patches import apply_patches, targeting
+from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats, patches
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
 from hooks.vocabulary import SERVICE_LABEL
@@ -120,9 +119,9 @@ def _rendered(
     for child in plumbing + gateway:
         sizes.add(child)
     children = plumbing + gateway + services
-    patched = apply_patches(idep.spec.patches or [], children, sizes)
-    _check_autoscaler_owned(idep, children, patched)
+    patched = patches.apply_patches(idep.spec.patches or [], children, sizes, lambda child: _owned_fields(idep, child))
     admission.check(idep, children, patched)
+    sizes.check_recorded(patched, idep.metadata.namespace, idep.metadata.uid)
     return patched + kept_jobs
 
 
@@ -176,17 +175,16 @@ AUTOSCALER_OWNED = {
 }
 
 
-def _check_autoscaler_owned(idep: InferaDeployment, rendered: list[dict], patched: list[dict]) -> None:
-    for before, after in zip(rendered, patched, strict=True):
-        svc = idep.spec.services.get(_service_of(after) or "")
-        if after is before or svc is None or svc.autoscaling is None:
-            continue
-        for owned in AUTOSCALER_OWNED.get(after["kind"], ()):
-            if (after.get("spec") or {}).get(owned) != before["spec"].get(owned):
-                raise SpecError(
-                    f"{targeting(idep.spec.patches or [], after)} ({after['kind']} {after['metadata']['name']}): "
-                    f"spec.{owned} is set by spec.services.{_service_of(after)}.autoscaling, not by a patch"
-                )
+def _owned_fields(idep: InferaDeployment, child: dict) -> list[patches.Owned]:
+    """What no patch may change in a rendered child: what it always owns, and what its service's
+    autoscaler does."""
+    service = _service_of(child)
+    svc = idep.spec.services.get(service or "")
+    autoscaled = () if svc is None or svc.autoscaling is None else AUTOSCALER_OWNED.get(child["kind"], ())
+    return [
+        *patches.owned_fields(child),
+        *((("spec", field), f"spec.services.{service}.autoscaling") for field in autoscaled),
+    ]
 
 
 def _previous_status(request: HookRequest) -> dict[str, Any]:

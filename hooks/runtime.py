@@ -23,7 +23,7 @@ import math
 import re
 from enum import StrEnum
 
-from hooks.api import InferaDeployment, ServiceSpec, SpecError
+from hooks.api import READY_TIMEOUT_ENV, InferaDeployment, ServiceSpec, SpecError, ready_timeout
 from hooks.renderers import discovery, nats
 
 
@@ -61,10 +61,9 @@ TEARDOWN_SECONDS = 50
 MIN_GRACE_SECONDS = 120
 
 # A cold start of a large model is weight loading, bounded by storage: minutes from local NVMe,
-# over an hour from a shared filesystem. The wrapper gives up after INFERA_ENGINE_READY_TIMEOUT
-# (its default, 1800 s, is too short for that), so the operator raises it to this budget and
-# sizes the startup probe to outlast it.
-READY_TIMEOUT_ENV = "INFERA_ENGINE_READY_TIMEOUT"
+# over an hour from a shared filesystem. The wrapper gives up after READY_TIMEOUT_ENV
+# (INFERA_ENGINE_READY_TIMEOUT; its default, 1800 s, is too short for that), so the operator
+# raises it to this budget and sizes the startup probe to outlast it.
 MODEL_LOAD_SECONDS = 7200
 # A load beyond a day is a typo; past it the startup probe's failureThreshold (an int32 the API
 # server checks) would soon overflow and every apply of the workload would be refused.
@@ -276,12 +275,5 @@ def ready_timeout_seconds(env: list[dict]) -> int:
     """How long the wrapper waits for the engine, at most a day; a value it cannot read leaves its
     default."""
     raw = _literal_env(env, READY_TIMEOUT_ENV)
-    try:
-        seconds = float(raw) if raw is not None else MODEL_LOAD_SECONDS
-    except ValueError:
-        return MODEL_LOAD_SECONDS
-    return (
-        min(math.ceil(seconds), MAX_MODEL_LOAD_SECONDS)
-        if math.isfinite(seconds) and seconds > 0
-        else MODEL_LOAD_SECONDS
-    )
+    seconds = None if raw is None else ready_timeout(raw)
+    return MODEL_LOAD_SECONDS if seconds is None else min(math.ceil(seconds), MAX_MODEL_LOAD_SECONDS)

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 24
+    assert len(rules) == 25
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -183,6 +183,9 @@ CASES = [
         service_change("prefill", disruptionBudget={"maxUnavailable": "101%"}),
         api.MAX_UNAVAILABLE_RULE,
     ),
+    ("nats storage of 0", spec_change(nats={"storageSize": "0"}), api.NATS_STORAGE_RULE),
+    ("nats storage of 0 as a number", spec_change(nats={"storageSize": 0}), api.NATS_STORAGE_RULE),
+    ("nats storage of 0.0Gi", spec_change(nats={"storageSize": "0.0Gi"}), api.NATS_STORAGE_RULE),
 ]
 
 

@@ -1,14 +1,59 @@
-"""spec.patches: RFC 6902 JSON patches on rendered children, for what the API does not model."""
+"""spec.patches: RFC 6902 JSON patches on rendered children, for what the API does not model.
+
+Metacontroller applies every child with its own broad permissions, so a patch must not create
+what the InferaDeployment's author may not: a patched child stays in the parent's namespace,
+under Metacontroller's ownership, and keeps the fields the hook or Metacontroller decides
+(OWNED_FIELDS), such as the permissions a Role grants.
+"""
 
 import copy
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jsonpatch
 import jsonpointer
 
 from hooks.api import SpecError
-from hooks.limits import RenderedSize, json_size
+from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, field_at
+from hooks.encoding import Path
+from hooks.limits import MAX_NESTING, RenderedSize, json_size, nesting
 from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
+
+# A field a patch may not change, and who sets it (for the message).
+Owned = tuple[Path, str]
+
+# A patch may change a child's labels and annotations. The rest of its metadata is set by
+# Metacontroller (the namespace: a child elsewhere would be created there with Metacontroller's
+# permissions; the owner, which it claims children by) or by the API server (uid,
+# resourceVersion, ...: Metacontroller's apply fails on every sync with another value).
+PATCHABLE_METADATA = ("labels", "annotations")
+METADATA_OWNERS = {
+    "namespace": "Metacontroller (every child is in the InferaDeployment's namespace)",
+    "ownerReferences": "Metacontroller (the InferaDeployment owns every child)",
+    "finalizers": (
+        "the controllers that act on them (one that no controller removes would hold the child, "
+        "and the InferaDeployment's deletion, forever)"
+    ),
+}
+RBAC_OWNER = "the hook (the graph's processes get the permissions they need, and no more)"
+# The fields a child's rendered value decides, by kind ("*": every kind), and who decides them.
+# Keyed on kind, never on name: which accounts and Roles are rendered is the renderers' business.
+OWNED_FIELDS: dict[str, tuple[Owned, ...]] = {
+    "*": (
+        (("metadata", "labels", CONTROLLER_UID_LABEL), "Metacontroller (its generated selector)"),
+        (("metadata", "annotations", LAST_APPLIED_ANNOTATION), "Metacontroller (its record of what it applied)"),
+    ),
+    "Role": ((("rules",), RBAC_OWNER),),
+    "RoleBinding": ((("roleRef",), RBAC_OWNER), (("subjects",), RBAC_OWNER)),
+    "PodDisruptionBudget": (
+        (("spec", "selector"), "the hook (exactly the pool's pods: a pod under two budgets can never be evicted)"),
+    ),
+}
+
+
+def owned_fields(child: dict[str, Any]) -> Iterable[Owned]:
+    """What no patch may change in `child`, whatever the spec says."""
+    return OWNED_FIELDS["*"] + OWNED_FIELDS.get(child["kind"], ())
 
 
 def _identity(child: dict) -> tuple:
@@ -26,24 +71,43 @@ def _identity(child: dict) -> tuple:
     )
 
 
-def _added_bytes(child: dict, step: dict[str, Any]) -> int:
-    """What one operation can add to the child: its value, or for copy the value it copies."""
-    if step["op"] in ("add", "replace"):
-        return json_size(step.get("value"))
-    if step["op"] == "copy":
+def _changed_owned_field(rendered: dict, patched: dict, owned: Iterable[Owned]) -> str | None:
+    """The first field of `rendered` that a patch may not change and `patched` changes, with who
+    sets it; None if there is none. Both have the same identity, so metadata is an object."""
+    before, after = rendered["metadata"], patched["metadata"]
+    for key in sorted((before.keys() | after.keys()) - set(PATCHABLE_METADATA)):
+        if before.get(key) != after.get(key):
+            return f"metadata.{key} is set by {METADATA_OWNERS.get(key, 'the API server')}"
+    for path, owner in owned:
+        if field_at(patched, *path) != field_at(rendered, *path):
+            return f"{'.'.join(path)} is set by {owner}"
+    return None
+
+
+def _placed(child: dict, step: dict[str, Any]) -> Any:
+    """What one operation puts into the child or compares with it: its value, or for copy and
+    move the value at `from`."""
+    if step["op"] in ("copy", "move"):
         try:
-            return json_size(jsonpointer.resolve_pointer(child, step.get("from", "")))
+            return jsonpointer.resolve_pointer(child, step.get("from", ""))
         except jsonpointer.JsonPointerException:
-            return 0  # applying it reports the missing path
-    return 0
+            return None  # applying it reports the missing path
+    return step.get("value")
 
 
-def apply_patches(patches: list, children: list[dict], sizes: RenderedSize) -> list[dict]:
+def apply_patches(
+    patches: list,
+    children: list[dict],
+    sizes: RenderedSize,
+    owned: Callable[[dict], Iterable[Owned]] = owned_fields,
+) -> list[dict]:
     """The children with every patch applied in order; SpecError names a patch that does not
-    apply or that grows a child (or the answer) past what `sizes` allows.
+    apply, that grows a child (or the answer) past what `sizes` allows, nests it too deep, or
+    changes what `owned` says it may not.
 
     A patched child is copied once, then patched in place: one copy per operation would make
     many operations quadratic."""
+    rendered = children
     children = list(children)
     copied: set[int] = set()
     for index, patch in enumerate(patches):
@@ -57,8 +121,8 @@ def apply_patches(patches: list, children: list[dict], sizes: RenderedSize) -> l
             None,
         )
         if position is None:
-            rendered = ", ".join(f"{c['kind']} {c['metadata']['name']}" for c in children)
-            raise SpecError(f"{where}: no such child is rendered; the children are: {rendered}")
+            listed = ", ".join(f"{c['kind']} {c['metadata']['name']}" for c in children)
+            raise SpecError(f"{where}: no such child is rendered; the children are: {listed}")
         if position not in copied:
             children[position] = copy.deepcopy(children[position])
             copied.add(position)
@@ -67,7 +131,13 @@ def apply_patches(patches: list, children: list[dict], sizes: RenderedSize) -> l
         for number, operation in enumerate(patch.patch):
             step = operation.model_dump(by_alias=True, exclude_unset=True)
             at = f"{where}: operation {number} ({step['op']} {step['path']})"
-            sizes.grow(position, patched, _added_bytes(patched, step), at)
+            placed = _placed(patched, step)
+            sizes.grow(position, patched, json_size(placed) if step["op"] in ("add", "replace", "copy") else 0, at)
+            # Each token of the path is a level above what it places.
+            if step["path"].count("/") + nesting(placed) > MAX_NESTING:
+                raise SpecError(
+                    f"{at}: would nest the child more than {MAX_NESTING} levels deep (Kubernetes objects nest about 15)"
+                )
             try:
                 patched = jsonpatch.JsonPatch([step]).apply(patched, in_place=True)
             except jsonpointer.JsonPointerException:
@@ -77,6 +147,9 @@ def apply_patches(patches: list, children: list[dict], sizes: RenderedSize) -> l
                 raise SpecError(f"{at}: {error}") from None
         if not isinstance(patched, dict) or _identity(patched) != identity:
             raise SpecError(f"{where}: a patch must not change apiVersion, kind, metadata.name or the identity labels")
+        changed = _changed_owned_field(rendered[position], patched, owned(rendered[position]))
+        if changed is not None:
+            raise SpecError(f"{where}: {changed}, not by a patch")
         children[position] = patched
     return children
 
