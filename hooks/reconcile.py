@@ -15,6 +15,7 @@ from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.memo import RenderMemo, RolledUp
 from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats, patches
+from hooks.renderers.pods import pod_template
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
 from hooks.vocabulary import SERVICE_LABEL
@@ -90,14 +91,15 @@ def _rendered(
     idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], inputs: RenderInputs
 ) -> list[dict]:
     sizes = RenderedSize()
+    children: list[dict] = []
     cache_children, kept_jobs = _model_cache_children(idep, inputs)
-    services: list[dict] = []
-    server_templates: list[dict] = []
 
     def add(child: dict) -> None:
         sizes.add(child)
-        services.append(child)
+        children.append(child)
 
+    for child in discovery.render(idep, _serves_scaling_api(idep)) + nats.render(idep) + cache_children + gateway:
+        add(child)
     for service, svc in sorted(idep.spec.services.items()):
         name = vocabulary.child_name(idep, service)
         # No GPU pod sits idle while the weights move: a new worker pool waits for the download.
@@ -106,29 +108,25 @@ def _rendered(
                 continue
         add(workload(idep, service, svc, inputs.live_replicas.get(service), _model_dir(idep, inputs, service)))
         if not svc.is_worker:
-            server_templates.append(services[-1]["spec"]["template"])
             add(server_service(idep, service, svc))
         for child in autoscaling.render(idep, service, svc):
             # A budget nobody asked for is left out where the controller cannot create it,
             # rather than holding up the pool (default_budgets_left_out says so).
             if child["kind"] != "PodDisruptionBudget" or svc.disruption_budget is not None or allows(child):
                 add(child)
-    # The routers' identity grants what their rendered command lines need, so it comes after
-    # them; it is answered first, with the rest of the plumbing, then the services by name.
-    plumbing = discovery.render(idep, _serve_scaling_api(server_templates)) + nats.render(idep) + cache_children
-    for child in plumbing + gateway:
-        sizes.add(child)
-    children = plumbing + gateway + services
     patched = patches.apply_patches(idep.spec.patches or [], children, sizes, lambda child: _owned_fields(idep, child))
     admission.check(idep, children, patched)
     sizes.check_recorded(patched, idep.metadata.namespace, idep.metadata.uid)
     return patched + kept_jobs
 
 
-def _serve_scaling_api(server_templates: list[dict]) -> bool:
-    """Whether a server's router serves the scaling API, as its primary container starts it."""
-    for template in server_templates:
-        containers = template["spec"]["containers"]
+def _serves_scaling_api(idep: InferaDeployment) -> bool:
+    """Whether a server's router serves the scaling API, as its rendered primary container
+    starts it: the servers' identity then grants what that API calls."""
+    for service, svc in idep.spec.services.items():
+        if svc.is_worker:
+            continue
+        containers = pod_template(idep, service, svc)["spec"]["containers"]
         primary = containers[primary_index(containers) or 0]
         started = preflight.entry_point(primary)
         if started is not None and runtime.scaling_api_enabled(started.argv, primary.get("env") or []):
