@@ -12,7 +12,7 @@ gives the same next step, and a child already let go is never handed back.
 2. workers: once no ingress object is left, worker Deployments and LeaderWorkerSets go and
    their pods drain (preStop, then the engine's drain timeout);
 3. plane: NATS, the model cache (its claim let go instead with retainStorage) and the
-   discovery identity go once no worker pod is left, since a draining worker still publishes
+   pods' accounts go once no worker pod is left, since a draining worker still publishes
    KV events and still patches its own Pod. Without the customize hook
    (no pods visible), they go once the longest worker grace period since the deletion began
    has passed; a pod long past its own deletion deadline (a lost node) no longer holds them.
@@ -137,7 +137,7 @@ def finalize(request: HookRequest, now: Clock = utc_now) -> dict[str, Any]:
         kept, message = by_stage["plane"], f"waiting for {len(pods)} worker pods to finish draining"
     else:
         released = _released_claim(request)
-        kept, message = [], f"removing the NATS broker and discovery identity ({len(by_stage['plane'])} objects)"
+        kept, message = [], f"removing the NATS broker and the pods' accounts ({len(by_stage['plane'])} objects)"
         if released:
             message += f"; releasing the model cache's claim {released['metadata']['name']} (retainStorage)"
         return {

@@ -89,7 +89,7 @@ def test_teardown_order_and_idempotence(hooks) -> None:
     mc.pods_finish_draining()
     assert worker_pod_count(mc) == 0
     assert deleted(mc.finalize()) == GATEWAY_PLANE
-    assert mc.parent["status"]["message"] == "removing the NATS broker and discovery identity (11 objects)"
+    assert mc.parent["status"]["message"] == "removing the NATS broker and the pods' accounts (11 objects)"
 
     # 4. Finalized only once nothing is observed.
     assert mc.children == {} and not mc.finalized
