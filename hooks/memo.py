@@ -7,12 +7,14 @@ the previous conditions (and of the clock, when a condition changes). Almost eve
 differs from the one before only in what the observed children report (a resourceVersion
 moved, a pod became ready), so those inputs repeat and are answered from here; a sync then
 costs decoding and checking the request and the immutable-field check. Keys carry a digest of
-this build's code, and the memo lives in the worker's memory: a new build never sees an old
-build's renders. It is bounded by the memory its entries take, least recently used out first.
+this build (its code, its data and its dependencies), and the memo lives in the worker's memory:
+a new build never sees an old build's renders. It is bounded by the memory its entries take, least recently used out first.
 """
 
 import hashlib
+import importlib.metadata
 import json
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,20 +23,54 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
+from hooks import DISTRIBUTION
 from hooks.api import InferaDeployment, ParentMeta, SpecError
 from hooks.encoding import EncodedChild
 
 
-def _code_digest() -> bytes:
-    """A digest of this package's source: a new build differs even when the version does not."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.rglob("*.py")):
-        digest.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
+def dependency_versions(distribution: str) -> dict[str, str]:
+    """The installed version of `distribution` and of every distribution it needs to run (its
+    requirements and theirs, with the extras they name, not its own optional ones), by
+    normalised name; {} when it is not installed (run from a source checkout)."""
+    versions: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    pending = [(distribution, "")]
+    while pending:
+        name, extra = pending.pop()
+        key = canonicalize_name(name)
+        if (key, extra) in seen:
+            continue
+        seen.add((key, extra))
+        try:
+            metadata = importlib.metadata.metadata(name)  # parsed once: it is most of the cost
+        except importlib.metadata.PackageNotFoundError:
+            continue  # a requirement for another platform or Python, not installed here
+        versions[key] = metadata["Version"]
+        for line in metadata.get_all("Requires-Dist") or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+                pending += [(requirement.name, wanted) for wanted in ("", *requirement.extras)]
+    return versions
+
+
+def build_digest(package: Path, versions: dict[str, str]) -> bytes:
+    """A digest of everything an answer depends on besides the request: every file of the
+    package (its code and its data, such as the Kubernetes schema), the interpreter and the
+    versions of the installed distributions, so that a new build differs even when the
+    package's version does not."""
+    digest = hashlib.sha256(sys.version.encode() + b"\0")
+    files = sorted(path for path in package.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    for path in files:
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, version in sorted(versions.items()):
+        digest.update(f"{name}=={version}\0".encode())
     return digest.digest()
 
 
-BUILD_DIGEST = _code_digest()
+BUILD_DIGEST = build_digest(Path(__file__).parent, dependency_versions(DISTRIBUTION))
 # The parent's metadata a render reads (InferaDeployment.from_parent parses only these).
 PARENT_FIELDS = tuple(ParentMeta.model_fields)
 # Renders and status roll-ups kept per parent: the current one and the one before, which the

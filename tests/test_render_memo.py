@@ -6,9 +6,12 @@ every in-process test take; the service's workers keep one memo each for their w
 """
 
 import copy
+import importlib.metadata
 import itertools
 import json
+import shutil
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -191,6 +194,23 @@ def test_a_new_build_renders_afresh(monkeypatch) -> None:
     assert memo.holds(obj)
     monkeypatch.setattr(memo_module, "BUILD_DIGEST", b"another build")
     assert not memo.holds(obj)
+
+
+def test_the_build_digest_covers_the_package_data_and_the_dependencies(tmp_path: Path) -> None:
+    package = Path(memo_module.__file__).parent
+    versions = memo_module.dependency_versions("infera-hooks")
+    # What decodes, validates, patches and encodes an answer, among every distribution it runs on.
+    assert {"pydantic", "pydantic-core", "orjson", "jsonpatch", "pyyaml", "fastjsonschema"} <= set(versions)
+    assert versions["pydantic-core"] == importlib.metadata.version("pydantic-core")
+    copied = tmp_path / "hooks"
+    shutil.copytree(package, copied, ignore=shutil.ignore_patterns("__pycache__"))
+    assert memo_module.build_digest(copied, versions) == memo_module.BUILD_DIGEST  # the same build
+    schema = copied / "kubernetes-schema.json"
+    schema.write_text(schema.read_text().replace('"additionalProperties": false', '"additionalProperties": true', 1))
+    assert memo_module.build_digest(copied, versions) != memo_module.BUILD_DIGEST
+    for name in ("pydantic-core", "orjson"):
+        other = {**versions, name: versions[name] + ".post1"}
+        assert memo_module.build_digest(package, other) != memo_module.BUILD_DIGEST
 
 
 def test_a_status_that_read_the_clock_is_not_kept() -> None:
