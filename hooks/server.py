@@ -6,6 +6,8 @@ probes. A gevent worker waits on sockets cooperatively: a slow connection costs 
 deadlines bound how long it may take:
 
 - request line and headers: gunicorn's keep-alive timeout (5 s; the connection is closed);
+  sooner when the worker holds its most connections and this one has waited longest
+  (`Connections`: idle clients never keep out a probe or a hook call);
 - the body: `client_timeout` seconds once the app starts reading it (408);
 - every send and receive on the socket: `client_timeout` (a client that stops reading its
   answer is disconnected instead of holding the greenlet, its body and the answer).
@@ -39,6 +41,8 @@ GRACEFUL_TIMEOUT_SECONDS = 20
 # Connections a worker holds at once; far above Metacontroller's concurrency, and a bound on
 # what misbehaving clients can hold.
 WORKER_CONNECTIONS = 100
+# gunicorn's keep-alive timeout (see load_config).
+KEEPALIVE_SECONDS = 5
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict, StartResponse], Iterable[bytes]]
@@ -141,6 +145,75 @@ class BufferedBody:
         return None
 
 
+class Connections:
+    """The client connections of one gevent worker. gevent's pool holds at most `limit` (then
+    the worker accepts no more): once this many are open, the one that has waited longest for
+    a request (idle between keep-alive requests, or not sending its line and headers) is closed,
+    as its keep-alive timeout would, for each connection that opens or goes idle. So a new
+    connection waits only while `limit` connections are each in a request, its body arriving
+    or its answer leaving, both within the client timeout."""
+
+    def __init__(self, limit: int, keepalive: float) -> None:
+        self.limit = limit
+        self.keepalive = keepalive
+        self.open = 0
+        # The greenlets waiting for a request, each with the timeout that ends its wait, in the
+        # order they began to wait.
+        self._waiting: dict[Any, Any] = {}
+
+    def opened(self) -> None:
+        self.open += 1
+        self._make_room()
+
+    def closed(self) -> None:
+        self.open -= 1
+
+    def request_wait(self) -> "RequestWait":
+        """What gunicorn waits for a request under (its worker's timeout_ctx)."""
+        import gevent
+
+        return RequestWait(self, gevent.getcurrent(), gevent.Timeout(self.keepalive, False))
+
+    def waiting(self, greenlet: Any, timeout: Any) -> None:
+        self._waiting[greenlet] = timeout
+        self._make_room()
+
+    def done_waiting(self, greenlet: Any) -> None:
+        self._waiting.pop(greenlet, None)
+
+    def _make_room(self) -> None:
+        if self.open >= self.limit and self._waiting:
+            import gevent
+
+            gevent.get_hub().loop.run_callback(self._close_longest_waiting)
+
+    def _close_longest_waiting(self) -> None:
+        # Runs in the hub, where a timeout expires too: a greenlet still in _waiting is
+        # suspended in its wait, so its own timeout ends the wait, which closes the connection.
+        if self.open >= self.limit and self._waiting:
+            greenlet, timeout = next(iter(self._waiting.items()))
+            del self._waiting[greenlet]
+            greenlet.throw(timeout)
+
+
+@dataclass(slots=True)
+class RequestWait:
+    """gunicorn's keep-alive timeout around one wait for a request, which Connections may end
+    early."""
+
+    connections: Connections
+    greenlet: Any
+    timeout: Any  # a silent gevent.Timeout: gunicorn reads no request and closes the connection
+
+    def __enter__(self) -> None:
+        self.timeout.start()
+        self.connections.waiting(self.greenlet, self.timeout)
+
+    def __exit__(self, *exception: Any) -> bool:
+        self.connections.done_waiting(self.greenlet)
+        return bool(self.timeout.__exit__(*exception))  # True: the timeout ended the wait
+
+
 def serve(options: ServeOptions) -> None:
     # prometheus_client picks its multi-process storage when it is first imported, so the
     # directory must exist before the app (and its metrics) is imported.
@@ -159,12 +232,24 @@ def serve(options: ServeOptions) -> None:
         record(hook if hook in HOOKS else "other", outcome, 0.0, None, None)
 
     class HookWorker(GeventWorker):
-        """gevent's worker, but a client socket gives up after client_timeout: gunicorn's
-        makes it blocking for good, so a client that stopped reading held its connection."""
+        """gevent's worker, but a client socket gives up after client_timeout (gunicorn's
+        makes it blocking for good, so a client that stopped reading held its connection), and
+        idle connections make room for new ones (Connections)."""
+
+        def init_process(self) -> None:
+            self.connections = Connections(WORKER_CONNECTIONS, KEEPALIVE_SECONDS)
+            super().init_process()
+
+        def timeout_ctx(self) -> RequestWait:
+            return self.connections.request_wait()
 
         def handle(self, listener: Any, client: Any, addr: Any) -> None:
             client.settimeout(options.client_timeout)
-            super(GeventWorker, self).handle(listener, client, addr)  # not GeventWorker's: it undoes this
+            self.connections.opened()
+            try:
+                super(GeventWorker, self).handle(listener, client, addr)  # not GeventWorker's: it undoes this
+            finally:
+                self.connections.closed()
 
     # Workers inherit the compiled schema validators instead of each compiling them on a call.
     kubernetes_schema.warm_up()
@@ -202,7 +287,7 @@ def serve(options: ServeOptions) -> None:
             self.cfg.set("timeout", options.timeout)
             # How long an idle connection stays open, and also the deadline for a request's
             # line and headers: a client that has not sent them within 5 s is disconnected.
-            self.cfg.set("keepalive", 5)
+            self.cfg.set("keepalive", KEEPALIVE_SECONDS)
             self.cfg.set("graceful_timeout", GRACEFUL_TIMEOUT_SECONDS)
             self.cfg.set("logconfig_dict", LOGGING)
             self.cfg.set("logger_class", HookLogger)

@@ -4,6 +4,7 @@ real `infera-hooks serve` on loopback and stops every process it starts by PID."
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.prerequisites import need
 from tests.support.requests import PD, children_by_key, parent, request_body
 from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape, state_series
 
@@ -361,6 +363,57 @@ def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> No
             assert answer.endswith(b'{"error": "the request body did not arrive within 3 s"}')
         else:
             assert answer == b"", answer
+
+
+def open_files_for(needed: int) -> None:
+    """Let this process (and the servers it starts, which inherit it) hold `needed` files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        need(
+            hard == resource.RLIM_INFINITY or hard >= needed,
+            f"holding the connections takes {needed} open files; the hard limit (ulimit -Hn) is {hard}",
+        )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def test_idle_connections_never_keep_the_probes_out(tmp_path: Path) -> None:
+    from hooks.server import WORKER_CONNECTIONS
+
+    held = 400
+    open_files_for(2 * held + 256)  # the client's sockets, the server's, and what both have open already
+    with running_server(tmp_path, workers=2) as server:
+        client = HookClient(server.url)
+        connections: list[socket.socket] = []
+        try:
+            for _ in range(held):
+                # Each sends its request at once, as a client does: one that has sent nothing may be closed too.
+                connections.append(raw_connection(server))
+                connections[-1].sendall(
+                    b"GET /healthz HTTP/1.1\r\nHost: hooks\r\n\r\n"
+                )  # keep-alive, HTTP/1.1's default
+            for connection in connections:
+                assert read_reply(connection).startswith(b"HTTP/1.1 200 OK\r\n")
+            # Every connection is idle now: the workers hold what they can, the kernel queues the rest.
+            for _ in range(5):
+                for path in ("/healthz", "/readyz"):
+                    started = time.monotonic()
+                    reply = client.request("GET", path)
+                    elapsed = time.monotonic() - started
+                    assert reply.status == 200, reply.body
+                    # The kubelet's default probe timeout.
+                    assert elapsed < 1.0, f"{path} took {elapsed:.2f} s next to {held} idle connections"
+            # The workers made room by closing the connections idle longest, as their keep-alive timeout would.
+            closed = 0
+            for connection in connections:
+                connection.settimeout(0.01)
+                try:
+                    closed += connection.recv(1) == b""
+                except TimeoutError:
+                    pass
+            assert closed >= held - 2 * WORKER_CONNECTIONS
+        finally:
+            for connection in connections:
+                connection.close()
 
 
 def test_large_bodies_in_flight_are_bounded_and_never_block_normal_calls(tmp_path: Path) -> None:
