@@ -416,11 +416,76 @@ def test_idle_connections_never_keep_the_probes_out(tmp_path: Path) -> None:
                 connection.close()
 
 
+def test_bodies_sent_slowly_take_the_body_budget_only_as_they_arrive(tmp_path: Path) -> None:
+    from hooks.server import READ_CHUNK_BYTES, SMALL_BODIES_BYTES, SMALL_BODY_BYTES, WORKER_CONNECTIONS
+
+    # Each holds the chunk it awaits: a worker's every connection doing so leaves room for a body.
+    assert WORKER_CONNECTIONS * READ_CHUNK_BYTES + SMALL_BODY_BYTES <= SMALL_BODIES_BYTES
+    body = pd_body()
+    with running_server(tmp_path, "--client-timeout", "6", workers=2) as server:
+        client = HookClient(server.url)
+        # Each declares 1 MiB, as much as a body may within the budget of normal calls, and sends a byte every 0.5 s.
+        tricklers = [raw_connection(server) for _ in range(20)]
+        for connection in tricklers:
+            connection.sendall(sync_head(SMALL_BODY_BYTES) + b"{")
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.wait(0.5):
+                for connection in tricklers:
+                    try:
+                        connection.sendall(b" ")
+                    except OSError:
+                        pass  # answered and closed
+
+        thread = threading.Thread(target=trickle, daemon=True)
+        thread.start()
+        try:
+            time.sleep(0.5)  # every trickler's body begun
+            statuses: dict[int, int] = {}
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                status = client.request("POST", "/sync", body).status
+                statuses[status] = statuses.get(status, 0) + 1
+            assert set(statuses) == {200}, statuses
+            answers = [read_reply(connection) for connection in tricklers]
+        finally:
+            stop.set()
+            thread.join()
+            for connection in tricklers:
+                connection.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:100]
+
+
+def test_bodies_that_arrived_are_bounded_by_the_budget(tmp_path: Path) -> None:
+    from hooks.server import SMALL_BODIES_BYTES, SMALL_BODY_BYTES
+
+    with running_server(tmp_path, "--client-timeout", "5", workers=1) as server:
+        client = HookClient(server.url)
+        # Bodies of 1 MiB arrive whole but for their last byte: eight take the whole budget.
+        held = [raw_connection(server) for _ in range(SMALL_BODIES_BYTES // SMALL_BODY_BYTES)]
+        for connection in held:
+            connection.sendall(sync_head(SMALL_BODY_BYTES) + b'"' + b"x" * (SMALL_BODY_BYTES - 2))
+        try:
+            wait_for(lambda: client.request("POST", "/sync", pd_body()).status == 503, 5, "a full budget")
+            late = raw_connection(server)
+            late.sendall(sync_head(SMALL_BODY_BYTES) + b'"' + b"x" * (SMALL_BODY_BYTES - 2) + b'"')
+            assert read_reply(late).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+            for connection in held:
+                connection.sendall(b'"')  # the last byte: a whole JSON string, read, and no hook request
+                assert read_reply(connection).startswith(b"HTTP/1.1 400 BAD REQUEST\r\n")
+            assert client.request("POST", "/sync", pd_body()).status == 200
+        finally:
+            for connection in held:
+                connection.close()
+
+
 def test_large_bodies_in_flight_are_bounded_and_never_block_normal_calls(tmp_path: Path) -> None:
     limit = 4_000_000
     with running_server(tmp_path, "--client-timeout", "2", "--max-request-bytes", str(limit), workers=1) as server:
         stalled = raw_connection(server)
-        stalled.sendall(sync_head(limit) + b"{")
+        stalled.sendall(sync_head(limit) + b"{" + b" " * (limit - 2))  # all but its last byte
         time.sleep(0.3)
         # One maximum-size body at a time: the next large one is turned away at once...
         second = raw_connection(server)
