@@ -19,12 +19,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import orjson
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from pydantic import BaseModel
 
 from hooks import DISTRIBUTION
 from hooks.api import InferaDeployment, ParentMeta, SpecError
@@ -76,14 +78,16 @@ PARENT_FIELDS = tuple(ParentMeta.model_fields)
 # Renders and status roll-ups kept per parent: the current one and the one before, which the
 # observed children may return to (a sync in flight with an older world, a pod flapping).
 KEPT_PER_PARENT = 2
-# Per gunicorn worker, counted as the memory the entries take: room for about 1,200 PD graphs
-# (24 KB each: 12 KB of children, 7 KB of parsed model, the rest the status and bookkeeping),
-# and with the answer cache what keeps a worker under 100 MB (docs/performance.md).
-MEMO_BYTES = 28 * 1024 * 1024
-# A parsed InferaDeployment takes about eight times the bytes of its JSON, and an encoded child
-# about 400 bytes beside its body (its identity and the fields it carries).
-PARSED_MODEL_FACTOR = 8
-CHILD_OVERHEAD = 400
+# Per gunicorn worker, counted as the memory the entries take (retained_bytes): room for about
+# 1,300 PD graphs (32 KB each: 20 KB of children, 11 KB of parsed model, the rest the status
+# and bookkeeping), and with the answer cache what keeps a worker under 100 MB
+# (docs/performance.md).
+MEMO_BYTES = 40 * 1024 * 1024
+# What the memo's own bookkeeping takes beside the values it measures: a parent's entry (its
+# object, its digest, its two tables and its place in the memo), and a kept render's or status's
+# key and place in its table.
+ENTRY_OVERHEAD = 1000
+KEPT_OVERHEAD = 200
 
 # Children, or the SpecError message the render raised (raised afresh each time).
 Rendered = list[EncodedChild] | str
@@ -108,13 +112,38 @@ class ParentEntry:
         return self.parsed
 
 
-def _size(value: Rendered | RolledUp) -> int:
-    """About the memory `value` takes (tracemalloc, PD graph)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, tuple):
-        return len(value[1])
-    return sum(len(child.body) + CHILD_OVERHEAD for child in value)
+# Objects every value shares rather than holds.
+_SHARED = (type(None), bool)
+# Objects that hold no others.
+_LEAVES = (str, bytes, int, float)
+
+
+def retained_bytes(value: Any) -> int:
+    """The memory `value` holds: the size of every object it reaches (a parsed model's fields,
+    a dict's keys and values, a child's body...), each once. What values share is left out:
+    None, booleans, enum members, a model's field names."""
+    total, seen, pending = 0, set(), [value]
+    while pending:
+        obj = pending.pop()
+        kind = type(obj)
+        if kind in _SHARED or id(obj) in seen or isinstance(obj, Enum):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if kind in _LEAVES:
+            continue
+        if kind is dict:
+            pending += obj
+            pending += obj.values()
+        elif kind is list or kind is tuple:
+            pending += obj
+        elif isinstance(obj, BaseModel):
+            fields = obj.__dict__
+            total += sys.getsizeof(fields) + sys.getsizeof(obj.__pydantic_fields_set__)
+            pending += fields.values()
+        elif kind is EncodedChild:
+            pending += (obj.kind, obj.api_version, obj.name, obj.service, obj.body, obj.fields)
+    return total
 
 
 def _document(inputs: Any) -> bytes:
@@ -173,7 +202,7 @@ class RenderMemo:
             parsed: InferaDeployment | str = InferaDeployment.from_parent(parent)
         except SpecError as error:
             parsed = str(error)
-        entry = ParentEntry(digest, parsed, PARSED_MODEL_FACTOR * len(document))
+        entry = ParentEntry(digest, parsed, ENTRY_OVERHEAD + retained_bytes(parsed))
         self._store(entry)
         return entry
 
@@ -222,7 +251,7 @@ class RenderMemo:
             self._evict()
 
     def _add(self, entry: ParentEntry, table: "OrderedDict[bytes, Any]", key: bytes, value: Any) -> None:
-        size = _size(value)
+        size = KEPT_OVERHEAD + retained_bytes(value)
         with self._lock:
             if self._entries.get(entry.digest) is not entry or key in table:
                 return  # evicted meanwhile, or another request computed it
@@ -231,8 +260,9 @@ class RenderMemo:
             self._bytes += size
             while len(table) > KEPT_PER_PARENT:
                 _, dropped = table.popitem(last=False)
-                entry.size -= _size(dropped)
-                self._bytes -= _size(dropped)
+                dropped_size = KEPT_OVERHEAD + retained_bytes(dropped)
+                entry.size -= dropped_size
+                self._bytes -= dropped_size
             self._evict()
 
     def _evict(self) -> None:
