@@ -45,8 +45,6 @@ GRACEFUL_TIMEOUT_SECONDS = 20
 # what misbehaving clients can hold: all of them waiting on a chunk of their bodies still
 # leave room for a body of SMALL_BODY_BYTES.
 WORKER_CONNECTIONS = 100
-# gunicorn's keep-alive timeout (see load_config).
-KEEPALIVE_SECONDS = 5
 
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict, StartResponse], Iterable[bytes]]
@@ -248,7 +246,7 @@ def serve(options: ServeOptions) -> None:
         idle connections make room for new ones (Connections)."""
 
         def init_process(self) -> None:
-            self.connections = Connections(WORKER_CONNECTIONS, KEEPALIVE_SECONDS)
+            self.connections = Connections(self.worker_connections, self.cfg.keepalive)
             super().init_process()
 
         def timeout_ctx(self) -> RequestWait:
@@ -298,7 +296,7 @@ def serve(options: ServeOptions) -> None:
             self.cfg.set("timeout", options.timeout)
             # How long an idle connection stays open, and also the deadline for a request's
             # line and headers: a client that has not sent them within 5 s is disconnected.
-            self.cfg.set("keepalive", KEEPALIVE_SECONDS)
+            self.cfg.set("keepalive", 5)
             self.cfg.set("graceful_timeout", GRACEFUL_TIMEOUT_SECONDS)
             self.cfg.set("logconfig_dict", LOGGING)
             self.cfg.set("logger_class", HookLogger)
