@@ -126,23 +126,27 @@ def retained_bytes(value: Any) -> int:
     while pending:
         obj = pending.pop()
         kind = type(obj)
-        if kind in _SHARED or id(obj) in seen or isinstance(obj, Enum):
+        if kind in _SHARED or id(obj) in seen:
             continue
         seen.add(id(obj))
-        total += sys.getsizeof(obj)
         if kind in _LEAVES:
-            continue
-        if kind is dict:
+            total += sys.getsizeof(obj)
+        elif kind is dict:
+            total += sys.getsizeof(obj)
             pending += obj
             pending += obj.values()
         elif kind is list or kind is tuple:
+            total += sys.getsizeof(obj)
             pending += obj
         elif isinstance(obj, BaseModel):
             fields = obj.__dict__
-            total += sys.getsizeof(fields) + sys.getsizeof(obj.__pydantic_fields_set__)
+            total += sys.getsizeof(obj) + sys.getsizeof(fields) + sys.getsizeof(obj.__pydantic_fields_set__)
             pending += fields.values()
         elif kind is EncodedChild:
+            total += sys.getsizeof(obj)
             pending += (obj.kind, obj.api_version, obj.name, obj.service, obj.body, obj.fields)
+        elif not isinstance(obj, Enum):
+            total += sys.getsizeof(obj)
     return total
 
 
