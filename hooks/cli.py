@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from hooks import reconcile, vocabulary
+from hooks import DISTRIBUTION, reconcile, vocabulary
 from hooks.api import GROUP, KIND, VERSION, shown, unknown_field
 from hooks.auth import TokenFile, TokenFileError
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, LAST_APPLIED_ANNOTATION, field_at, parse_request
@@ -20,7 +20,6 @@ from hooks.crd import crd_yaml
 from hooks.server import ServeOptions, serve
 
 PROG = "infera-hooks"
-DISTRIBUTION = "infera-hooks"  # pyproject's project.name, whose version --version prints
 SERVED_API_VERSION = f"{GROUP}/{VERSION}"
 # What `kubectl get idep -o yaml` prints (a List), and what the API itself lists (kubectl get --raw).
 LIST_KINDS = ("List", f"{KIND}List")

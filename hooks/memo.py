@@ -7,47 +7,87 @@ the previous conditions (and of the clock, when a condition changes). Almost eve
 differs from the one before only in what the observed children report (a resourceVersion
 moved, a pod became ready), so those inputs repeat and are answered from here; a sync then
 costs decoding and checking the request and the immutable-field check. Keys carry a digest of
-this build's code, and the memo lives in the worker's memory: a new build never sees an old
-build's renders. It is bounded by the memory its entries take, least recently used out first.
+this build (its code, its data and its dependencies), and the memo lives in the worker's memory:
+a new build never sees an old build's renders. It is bounded by the memory its entries take, least recently used out first.
 """
 
 import hashlib
+import importlib.metadata
 import json
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import orjson
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from pydantic import BaseModel
 
+from hooks import DISTRIBUTION
 from hooks.api import InferaDeployment, ParentMeta, SpecError
 from hooks.encoding import EncodedChild
 
 
-def _code_digest() -> bytes:
-    """A digest of this package's source: a new build differs even when the version does not."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.rglob("*.py")):
-        digest.update(path.relative_to(Path(__file__).parent).as_posix().encode() + b"\0" + path.read_bytes())
+def dependency_versions(distribution: str) -> dict[str, str]:
+    """The installed version of `distribution` and of every distribution it needs to run (its
+    requirements and theirs, with the extras they name, not its own optional ones), by
+    normalised name; {} when it is not installed (run from a source checkout)."""
+    versions: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    pending = [(distribution, "")]
+    while pending:
+        name, extra = pending.pop()
+        key = canonicalize_name(name)
+        if (key, extra) in seen:
+            continue
+        seen.add((key, extra))
+        try:
+            metadata = importlib.metadata.metadata(name)  # parsed once: it is most of the cost
+        except importlib.metadata.PackageNotFoundError:
+            continue  # a requirement for another platform or Python, not installed here
+        versions[key] = metadata["Version"]
+        for line in metadata.get_all("Requires-Dist") or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+                pending += [(requirement.name, wanted) for wanted in ("", *requirement.extras)]
+    return versions
+
+
+def build_digest(package: Path, versions: dict[str, str]) -> bytes:
+    """A digest of everything an answer depends on besides the request: every file of the
+    package (its code and its data, such as the Kubernetes schema), the interpreter and the
+    versions of the installed distributions, so that a new build differs even when the
+    package's version does not."""
+    digest = hashlib.sha256(sys.version.encode() + b"\0")
+    files = sorted(path for path in package.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    for path in files:
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, version in sorted(versions.items()):
+        digest.update(f"{name}=={version}\0".encode())
     return digest.digest()
 
 
-BUILD_DIGEST = _code_digest()
+BUILD_DIGEST = build_digest(Path(__file__).parent, dependency_versions(DISTRIBUTION))
 # The parent's metadata a render reads (InferaDeployment.from_parent parses only these).
 PARENT_FIELDS = tuple(ParentMeta.model_fields)
 # Renders and status roll-ups kept per parent: the current one and the one before, which the
 # observed children may return to (a sync in flight with an older world, a pod flapping).
 KEPT_PER_PARENT = 2
-# Per gunicorn worker, counted as the memory the entries take: room for about 1,200 PD graphs
-# (24 KB each: 12 KB of children, 7 KB of parsed model, the rest the status and bookkeeping),
-# and with the answer cache what keeps a worker under 100 MB (docs/performance.md).
-MEMO_BYTES = 28 * 1024 * 1024
-# A parsed InferaDeployment takes about eight times the bytes of its JSON, and an encoded child
-# about 400 bytes beside its body (its identity and the fields it carries).
-PARSED_MODEL_FACTOR = 8
-CHILD_OVERHEAD = 400
+# Per gunicorn worker, counted as the memory the entries take (retained_bytes): room for about
+# 1,300 PD graphs (32 KB each: 20 KB of children, 11 KB of parsed model, the rest the status
+# and bookkeeping), and with the answer cache what keeps a worker under 100 MB
+# (docs/performance.md).
+MEMO_BYTES = 40 * 1024 * 1024
+# What the memo's own bookkeeping takes beside the values it measures: a parent's entry (its
+# object, its digest, its two tables and its place in the memo), and a kept render's or status's
+# key and place in its table.
+ENTRY_OVERHEAD = 1000
+KEPT_OVERHEAD = 200
 
 # Children, or the SpecError message the render raised (raised afresh each time).
 Rendered = list[EncodedChild] | str
@@ -72,13 +112,42 @@ class ParentEntry:
         return self.parsed
 
 
-def _size(value: Rendered | RolledUp) -> int:
-    """About the memory `value` takes (tracemalloc, PD graph)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, tuple):
-        return len(value[1])
-    return sum(len(child.body) + CHILD_OVERHEAD for child in value)
+# Objects every value shares rather than holds.
+_SHARED = (type(None), bool)
+# Objects that hold no others.
+_LEAVES = (str, bytes, int, float)
+
+
+def retained_bytes(value: Any) -> int:
+    """The memory `value` holds: the size of every object it reaches (a parsed model's fields,
+    a dict's keys and values, a child's body...), each once. What values share is left out:
+    None, booleans, enum members, a model's field names."""
+    total, seen, pending = 0, set(), [value]
+    while pending:
+        obj = pending.pop()
+        kind = type(obj)
+        if kind in _SHARED or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if kind in _LEAVES:
+            total += sys.getsizeof(obj)
+        elif kind is dict:
+            total += sys.getsizeof(obj)
+            pending += obj
+            pending += obj.values()
+        elif kind is list or kind is tuple:
+            total += sys.getsizeof(obj)
+            pending += obj
+        elif isinstance(obj, BaseModel):
+            fields = obj.__dict__
+            total += sys.getsizeof(obj) + sys.getsizeof(fields) + sys.getsizeof(obj.__pydantic_fields_set__)
+            pending += fields.values()
+        elif kind is EncodedChild:
+            total += sys.getsizeof(obj)
+            pending += (obj.kind, obj.api_version, obj.name, obj.service, obj.body, obj.fields)
+        elif not isinstance(obj, Enum):
+            total += sys.getsizeof(obj)
+    return total
 
 
 def _document(inputs: Any) -> bytes:
@@ -137,7 +206,7 @@ class RenderMemo:
             parsed: InferaDeployment | str = InferaDeployment.from_parent(parent)
         except SpecError as error:
             parsed = str(error)
-        entry = ParentEntry(digest, parsed, PARSED_MODEL_FACTOR * len(document))
+        entry = ParentEntry(digest, parsed, ENTRY_OVERHEAD + retained_bytes(parsed))
         self._store(entry)
         return entry
 
@@ -186,7 +255,7 @@ class RenderMemo:
             self._evict()
 
     def _add(self, entry: ParentEntry, table: "OrderedDict[bytes, Any]", key: bytes, value: Any) -> None:
-        size = _size(value)
+        size = KEPT_OVERHEAD + retained_bytes(value)
         with self._lock:
             if self._entries.get(entry.digest) is not entry or key in table:
                 return  # evicted meanwhile, or another request computed it
@@ -195,8 +264,9 @@ class RenderMemo:
             self._bytes += size
             while len(table) > KEPT_PER_PARENT:
                 _, dropped = table.popitem(last=False)
-                entry.size -= _size(dropped)
-                self._bytes -= _size(dropped)
+                dropped_size = KEPT_OVERHEAD + retained_bytes(dropped)
+                entry.size -= dropped_size
+                self._bytes -= dropped_size
             self._evict()
 
     def _evict(self) -> None:

@@ -6,9 +6,14 @@ every in-process test take; the service's workers keep one memo each for their w
 """
 
 import copy
+import gc
+import importlib.metadata
 import itertools
 import json
+import shutil
+import tracemalloc
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -140,16 +145,65 @@ def small_parent(name: str) -> dict[str, Any]:
 
 
 def test_the_memo_keeps_to_its_bound_least_recently_used_out() -> None:
-    bound = 60_000
+    bound = 100_000
     memo = RenderMemo(bound)
     names = [f"g{i}" for i in range(12)]
     for name in names:
         request = parse_request(request_body(small_parent(name)))
         reconcile.sync_answer(request, memo=memo)
         assert memo.size <= bound
-    # A PD graph's entry counts about 25 KB: the last two fit, the first ones were evicted.
+    # A PD graph's entry counts about 32 KB: the last three fit, the first ones were evicted.
     kept = [name for name in names if memo.holds(small_parent(name))]
     assert kept == names[-len(kept) :] and 2 <= len(kept) < len(names)
+
+
+def memo_shapes() -> dict[str, dict[str, Any]]:
+    """Parents whose memory is mostly parsed models, plain JSON objects, short or long strings."""
+    shapes = {"a PD graph": small_parent("g")}
+
+    def shaped(name: str, service: dict[str, Any], spec: dict[str, Any] | None = None) -> None:
+        obj = small_parent(name)
+        obj["spec"].update(spec or {})
+        for each in obj["spec"]["services"].values():
+            each.update(copy.deepcopy(service))
+        shapes[name] = obj
+
+    shaped("6,000 envs", {}, {"envs": [{"name": f"VAR_{j:05d}", "value": f"value-{j}"} for j in range(6000)]})
+    field_ref = {"fieldRef": {"fieldPath": "status.podIP"}}
+    shaped("1,000 envs from fields", {}, {"envs": [{"name": f"V{j}", "valueFrom": field_ref} for j in range(1000)]})
+    shaped("1,000 args each", {})
+    for each in shapes["1,000 args each"]["spec"]["services"].values():
+        each["args"] = each.get("args", []) + [f"--flag-{j}" for j in range(1000)]
+    shaped("1,000 annotations each", {"podAnnotations": {f"example.com/k{j}": "x" * 50 for j in range(1000)}})
+    env = [{"name": f"E{j}", "value": "v"} for j in range(500)]
+    shaped("extraPodSpec", {"extraPodSpec": {"containers": [{"name": "main", "env": env}]}})
+    shaped("a long annotation each", {"podAnnotations": {"example.com/note": "x" * 60_000}})
+    return shapes
+
+
+def test_the_memo_counts_what_its_entries_take() -> None:
+    """What the memo counts is what tracemalloc sees it keep (parsed models, children,
+    statuses and its own bookkeeping), within a few percent, whatever a spec is made of."""
+    for shape, (name, obj) in enumerate(memo_shapes().items()):
+        bodies = []
+        for index in range(2):
+            distinct = copy.deepcopy(obj)
+            distinct["metadata"]["name"] = f"g{shape}-{index}"
+            bodies.append(json.dumps(request_body(distinct)).encode())
+        first = reconcile.sync_answer(parse_request(json.loads(bodies[0])), memo=RenderMemo(0))  # caches filled
+        assert first.state != "failed", name
+        memo = RenderMemo(1 << 40)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for body in bodies:
+                reconcile.sync_answer(parse_request(json.loads(body)), memo=memo)
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert 0.95 * kept <= memo.size <= 1.2 * kept, f"{name}: {memo.size:,} bytes counted, {kept:,} kept"
 
 
 def test_a_memo_of_no_bytes_keeps_nothing() -> None:
@@ -191,6 +245,23 @@ def test_a_new_build_renders_afresh(monkeypatch) -> None:
     assert memo.holds(obj)
     monkeypatch.setattr(memo_module, "BUILD_DIGEST", b"another build")
     assert not memo.holds(obj)
+
+
+def test_the_build_digest_covers_the_package_data_and_the_dependencies(tmp_path: Path) -> None:
+    package = Path(memo_module.__file__).parent
+    versions = memo_module.dependency_versions("infera-hooks")
+    # What decodes, validates, patches and encodes an answer, among every distribution it runs on.
+    assert {"pydantic", "pydantic-core", "orjson", "jsonpatch", "pyyaml", "fastjsonschema"} <= set(versions)
+    assert versions["pydantic-core"] == importlib.metadata.version("pydantic-core")
+    copied = tmp_path / "hooks"
+    shutil.copytree(package, copied, ignore=shutil.ignore_patterns("__pycache__"))
+    assert memo_module.build_digest(copied, versions) == memo_module.BUILD_DIGEST  # the same build
+    schema = copied / "kubernetes-schema.json"
+    schema.write_text(schema.read_text().replace('"additionalProperties": false', '"additionalProperties": true', 1))
+    assert memo_module.build_digest(copied, versions) != memo_module.BUILD_DIGEST
+    for name in ("pydantic-core", "orjson"):
+        other = {**versions, name: versions[name] + ".post1"}
+        assert memo_module.build_digest(package, other) != memo_module.BUILD_DIGEST
 
 
 def test_a_status_that_read_the_clock_is_not_kept() -> None:

@@ -4,6 +4,7 @@ real `infera-hooks serve` on loopback and stops every process it starts by PID."
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.prerequisites import need
 from tests.support.requests import PD, children_by_key, parent, request_body
 from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape, state_series
 
@@ -365,11 +367,127 @@ def test_trickling_clients_starve_neither_hooks_nor_probes(tmp_path: Path) -> No
             assert answer == b"", answer
 
 
+def open_files_for(needed: int) -> None:
+    """Let this process (and the servers it starts, which inherit it) hold `needed` files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        need(
+            hard == resource.RLIM_INFINITY or hard >= needed,
+            f"holding the connections takes {needed} open files; the hard limit (ulimit -Hn) is {hard}",
+        )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def test_idle_connections_never_keep_the_probes_out(tmp_path: Path) -> None:
+    from hooks.server import WORKER_CONNECTIONS
+
+    held = 400
+    open_files_for(2 * held + 256)  # the client's sockets, the server's, and what both have open already
+    with running_server(tmp_path, workers=2) as server:
+        client = HookClient(server.url)
+        connections: list[socket.socket] = []
+        try:
+            for _ in range(held):
+                # Each sends its request at once, as a client does: one that has sent nothing may be closed too.
+                connections.append(raw_connection(server))
+                connections[-1].sendall(
+                    b"GET /healthz HTTP/1.1\r\nHost: hooks\r\n\r\n"
+                )  # keep-alive, HTTP/1.1's default
+            for connection in connections:
+                assert read_reply(connection).startswith(b"HTTP/1.1 200 OK\r\n")
+            # Every connection is idle now: the workers hold what they can, the kernel queues the rest.
+            for _ in range(5):
+                for path in ("/healthz", "/readyz"):
+                    started = time.monotonic()
+                    reply = client.request("GET", path)
+                    elapsed = time.monotonic() - started
+                    assert reply.status == 200, reply.body
+                    # The kubelet's default probe timeout.
+                    assert elapsed < 1.0, f"{path} took {elapsed:.2f} s next to {held} idle connections"
+            # The workers made room by closing the connections idle longest, as their keep-alive timeout would.
+            closed = 0
+            for connection in connections:
+                connection.settimeout(0.01)
+                try:
+                    closed += connection.recv(1) == b""
+                except TimeoutError:
+                    pass
+            assert closed >= held - 2 * WORKER_CONNECTIONS
+        finally:
+            for connection in connections:
+                connection.close()
+
+
+def test_bodies_sent_slowly_take_the_body_budget_only_as_they_arrive(tmp_path: Path) -> None:
+    from hooks.server import READ_CHUNK_BYTES, SMALL_BODIES_BYTES, SMALL_BODY_BYTES, WORKER_CONNECTIONS
+
+    # Each holds the chunk it awaits: a worker's every connection doing so leaves room for a body.
+    assert WORKER_CONNECTIONS * READ_CHUNK_BYTES + SMALL_BODY_BYTES <= SMALL_BODIES_BYTES
+    body = pd_body()
+    with running_server(tmp_path, "--client-timeout", "6", workers=2) as server:
+        client = HookClient(server.url)
+        # Each declares 1 MiB, as much as a body may within the budget of normal calls, and sends a byte every 0.5 s.
+        tricklers = [raw_connection(server) for _ in range(20)]
+        for connection in tricklers:
+            connection.sendall(sync_head(SMALL_BODY_BYTES) + b"{")
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.wait(0.5):
+                for connection in tricklers:
+                    try:
+                        connection.sendall(b" ")
+                    except OSError:
+                        pass  # answered and closed
+
+        thread = threading.Thread(target=trickle, daemon=True)
+        thread.start()
+        try:
+            time.sleep(0.5)  # every trickler's body begun
+            statuses: dict[int, int] = {}
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                status = client.request("POST", "/sync", body).status
+                statuses[status] = statuses.get(status, 0) + 1
+            assert set(statuses) == {200}, statuses
+            answers = [read_reply(connection) for connection in tricklers]
+        finally:
+            stop.set()
+            thread.join()
+            for connection in tricklers:
+                connection.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:100]
+
+
+def test_bodies_that_arrived_are_bounded_by_the_budget(tmp_path: Path) -> None:
+    from hooks.server import SMALL_BODIES_BYTES, SMALL_BODY_BYTES
+
+    with running_server(tmp_path, "--client-timeout", "5", workers=1) as server:
+        client = HookClient(server.url)
+        # Bodies of 1 MiB arrive whole but for their last byte: eight take the whole budget.
+        held = [raw_connection(server) for _ in range(SMALL_BODIES_BYTES // SMALL_BODY_BYTES)]
+        for connection in held:
+            connection.sendall(sync_head(SMALL_BODY_BYTES) + b'"' + b"x" * (SMALL_BODY_BYTES - 2))
+        try:
+            wait_for(lambda: client.request("POST", "/sync", pd_body()).status == 503, 5, "a full budget")
+            late = raw_connection(server)
+            late.sendall(sync_head(SMALL_BODY_BYTES) + b'"' + b"x" * (SMALL_BODY_BYTES - 2) + b'"')
+            assert read_reply(late).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+            for connection in held:
+                connection.sendall(b'"')  # the last byte: a whole JSON string, read, and no hook request
+                assert read_reply(connection).startswith(b"HTTP/1.1 400 BAD REQUEST\r\n")
+            assert client.request("POST", "/sync", pd_body()).status == 200
+        finally:
+            for connection in held:
+                connection.close()
+
+
 def test_large_bodies_in_flight_are_bounded_and_never_block_normal_calls(tmp_path: Path) -> None:
     limit = 4_000_000
     with running_server(tmp_path, "--client-timeout", "2", "--max-request-bytes", str(limit), workers=1) as server:
         stalled = raw_connection(server)
-        stalled.sendall(sync_head(limit) + b"{")
+        stalled.sendall(sync_head(limit) + b"{" + b" " * (limit - 2))  # all but its last byte
         time.sleep(0.3)
         # One maximum-size body at a time: the next large one is turned away at once...
         second = raw_connection(server)
