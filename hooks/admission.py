@@ -526,8 +526,9 @@ def _ready_timeout_problems(child: dict) -> Iterator[Problem]:
         for kind in ("initContainers", "containers"):
             for index, container in enumerate(spec.get(kind) or []):
                 for number, var in enumerate(container.get("env") or []):
-                    value = var.get("value")
-                    if var["name"] == READY_TIMEOUT_ENV and value and (problem := ready_timeout_problem(value)):
+                    literal = "valueFrom" not in var  # without a value too: kubelet sets it to ""
+                    value = var.get("value") or ""
+                    if var["name"] == READY_TIMEOUT_ENV and literal and (problem := ready_timeout_problem(value)):
                         yield f"{'.'.join(path)}.spec.{kind}[{index}].env[{number}].value", problem
 
 

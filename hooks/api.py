@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -299,6 +300,31 @@ def open_object(description: str) -> Any:
     return WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True, "description": description})
 
 
+def nesting(value: Any) -> int:
+    """How many objects and lists deep `value` is (0 for a scalar), counted level by level, so
+    that a value too deep for recursion is measured too."""
+    depth, level = 0, [value]
+    while level := [node for node in level if isinstance(node, (dict, list))]:
+        depth += 1
+        level = [item for node in level for item in (node.values() if isinstance(node, dict) else node)]
+    return depth
+
+
+# Kubernetes types nest about 15 levels deep (a PodSpec's affinity terms): an open object much
+# deeper is a mistake, and would take the renderers' recursive steps past Python's limit.
+MAX_OPEN_NESTING = 32
+
+
+def _shallow(value: Any) -> Any:
+    if (depth := nesting(value)) > MAX_OPEN_NESTING:
+        raise ValueError(f"nests {depth} levels deep, past {MAX_OPEN_NESTING} (Kubernetes objects nest about 15)")
+    return value
+
+
+# With open_object: an open object no deeper than MAX_OPEN_NESTING.
+SHALLOW = AfterValidator(_shallow)
+
+
 class ApiModel(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -446,7 +472,11 @@ class EnvVar(ApiModel):
     @field_validator("value")
     @classmethod
     def _ready_timeout(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value and info.data.get("name") == READY_TIMEOUT_ENV and (problem := ready_timeout_problem(value)):
+        if (
+            value is not None
+            and info.data.get("name") == READY_TIMEOUT_ENV
+            and (problem := ready_timeout_problem(value))
+        ):
             raise ValueError(problem)
         return value
 
@@ -454,6 +484,10 @@ class EnvVar(ApiModel):
     def _one_value(self) -> "EnvVar":
         if self.value and self.value_from is not None:
             raise ValueError(ENV_VALUE_RULE)
+        # Without a value or a source the variable is set, to "": the wrapper then waits its
+        # default while the startup probe waits what the operator set.
+        if self.name == READY_TIMEOUT_ENV and self.value is None and self.value_from is None:
+            raise ValueError(ready_timeout_problem(""))
         return self
 
 
@@ -634,12 +668,14 @@ class AutoscalingSpec(ApiModel):
     max_replicas: Annotated[int, Field(ge=1, le=INT32_MAX)]
     """The most replicas."""
     metrics: Annotated[
-        list[Annotated[dict[str, Any], open_object("An autoscaling/v2 MetricSpec.")]],
+        list[Annotated[dict[str, Any], open_object("An autoscaling/v2 MetricSpec."), SHALLOW]],
         Field(min_length=1, max_length=32),
     ]
     """What to scale on: autoscaling/v2 MetricSpecs (Pods, Object, External or Resource), passed to the
     HorizontalPodAutoscaler as written. Required: CPU use says nothing about a GPU engine's load."""
-    behavior: Annotated[dict[str, Any] | None, open_object("An autoscaling/v2 HorizontalPodAutoscalerBehavior.")] = None
+    behavior: Annotated[
+        dict[str, Any] | None, open_object("An autoscaling/v2 HorizontalPodAutoscalerBehavior."), SHALLOW
+    ] = None
     """How fast to scale (autoscaling/v2 HorizontalPodAutoscalerBehavior). Default: up at once, down
     one replica a minute after ten quiet minutes, since a new worker takes minutes to load its model."""
 
@@ -696,6 +732,7 @@ class ServiceSpec(ApiModel):
     extra_pod_spec: Annotated[
         dict[str, Any] | None,
         open_object("A full Kubernetes PodSpec used as the base of this service's pods."),
+        SHALLOW,
     ] = None
     """A full Kubernetes PodSpec used as the base of this service's pods."""
     pod_labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] | None = None

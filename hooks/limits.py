@@ -41,16 +41,6 @@ def _named(child: dict[str, Any]) -> str:
     return f"{child.get('kind')} {(child.get('metadata') or {}).get('name')}"
 
 
-def nesting(value: Any) -> int:
-    """How many objects and lists deep `value` is (0 for a scalar), counted level by level, so
-    that a value too deep for recursion is measured too."""
-    depth, level = 0, [value]
-    while level := [node for node in level if isinstance(node, (dict, list))]:
-        depth += 1
-        level = [item for node in level for item in (node.values() if isinstance(node, dict) else node)]
-    return depth
-
-
 class RenderedSize:
     """The size of each rendered child and of the whole answer, checked as they grow."""
 

@@ -140,13 +140,41 @@ def test_a_budget_covers_exactly_its_pool(converged: Metacontroller) -> None:
 
 
 def test_a_deeply_nested_patch_value_is_named(converged: Metacontroller) -> None:
-    nested: Any = "x"
-    for _ in range(900):
-        nested = {"a": nested}
-    operation = {"op": "add", "path": "/spec/template/metadata/annotations", "value": nested}
+    operation = {"op": "add", "path": "/spec/template/metadata/annotations", "value": nested(900)}
     assert converged.refusal(patch("Deployment", "qwen-pd-decode", operation)) == (
         "patches[0] (Deployment qwen-pd-decode): operation 0 (add /spec/template/metadata/annotations): would nest "
         "the child more than 64 levels deep (Kubernetes objects nest about 15)"
+    )
+
+
+def nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+AUTOSCALING = {"minReplicas": 1, "maxReplicas": 3, "metrics": [{"type": "Pods", "pods": {}}]}
+OPEN_OBJECTS = {
+    "spec.services.decode.extraPodSpec": lambda svc: svc.update(extraPodSpec={"nodeSelector": nested(900)}),
+    "spec.services.decode.autoscaling.metrics.0": lambda svc: svc.update(
+        autoscaling={**AUTOSCALING, "metrics": [{"type": "Pods", "pods": nested(900)}]}
+    ),
+    "spec.services.decode.autoscaling.behavior": lambda svc: svc.update(
+        autoscaling={**AUTOSCALING, "behavior": {"scaleUp": nested(899)}}
+    ),
+}
+
+
+@pytest.mark.parametrize("field", OPEN_OBJECTS)
+def test_a_deeply_nested_open_object_is_named(converged: Metacontroller, field: str) -> None:
+    def change(spec: dict[str, Any]) -> None:
+        decode = spec["services"]["decode"]
+        decode.pop("replicas", None)
+        OPEN_OBJECTS[field](decode)
+
+    assert converged.refusal(change) == (
+        f"invalid spec: {field}: nests 901 levels deep, past 32 (Kubernetes objects nest about 15)"
     )
 
 
@@ -260,7 +288,7 @@ READY = (
 READY_VAR = "INFERA_ENGINE_READY_TIMEOUT"
 
 
-@pytest.mark.parametrize("value", ["-100", "0", "nan", "inf", "soon"])
+@pytest.mark.parametrize("value", ["-100", "0", "nan", "inf", "soon", ""])
 @pytest.mark.parametrize("where", ["service env", "envs"])
 def test_the_engines_load_timeout_is_a_positive_number_of_seconds(
     converged: Metacontroller, where: str, value: str
@@ -289,6 +317,18 @@ def test_the_load_timeout_is_held_to_the_same_rule_in_a_template_and_a_patch(con
     assert converged.refusal(patch("Deployment", "qwen-pd-decode", added)) == (
         "patches[0] (Deployment qwen-pd-decode): spec.template.spec.containers[0].env[5].value: " + READY.format("-1")
     )
+    # Named without a value, the variable is set to "": the wrapper waits its default.
+    unset = dict(added, value={"name": READY_VAR})
+    assert converged.refusal(patch("Deployment", "qwen-pd-decode", unset)) == (
+        "patches[0] (Deployment qwen-pd-decode): spec.template.spec.containers[0].env[5].value: " + READY.format("")
+    )
+
+
+def test_a_load_timeout_named_without_a_value_is_refused(converged: Metacontroller) -> None:
+    def change(spec: dict[str, Any]) -> None:
+        spec["envs"] = [{"name": READY_VAR}]
+
+    assert converged.refusal(change) == f"invalid spec: spec.envs.0: {READY.format('')}"
 
 
 MOUNT_PATH = (

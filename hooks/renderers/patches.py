@@ -13,10 +13,10 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
-from hooks.api import SpecError
+from hooks.api import SpecError, nesting
 from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, field_at
 from hooks.encoding import Path
-from hooks.limits import MAX_NESTING, RenderedSize, json_size, nesting
+from hooks.limits import MAX_NESTING, RenderedSize, json_size
 from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 
 # A field a patch may not change, and who sets it (for the message).
