@@ -161,7 +161,7 @@ OPEN_OBJECTS = {
         autoscaling={**AUTOSCALING, "metrics": [{"type": "Pods", "pods": nested(900)}]}
     ),
     "spec.services.decode.autoscaling.behavior": lambda svc: svc.update(
-        autoscaling={**AUTOSCALING, "behavior": {"scaleUp": nested(899)}}
+        autoscaling={**AUTOSCALING, "behavior": {"scaleUp": nested(900)}}
     ),
 }
 
