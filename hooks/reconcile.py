@@ -75,7 +75,9 @@ def render_children(
 ) -> list[dict]:
     """Every desired child, in a stable order: plumbing first, then services by name, with
     spec.patches applied. Each child is measured as it is made: SpecError once one, or all
-    together, outgrow the size bounds.
+    together, outgrow the size bounds. Worker pools that wait for the model download are
+    rendered as they will be once it completes (the sync leaves them out until then), so a
+    mistake in them fails now, not after a download of hours.
 
     GAIE is all or nothing: when `allows` (the kinds the CompositeController registers) refuses
     a gateway object, the graph is rendered as with GAIE off (no sidecars rolled into every GPU
@@ -100,13 +102,10 @@ def _rendered(
 
     for child in discovery.render(idep, _serves_scaling_api(idep)) + nats.render(idep) + cache_children + gateway:
         add(child)
+    waiting = _waiting_for_model(idep, inputs)
     for service, svc in sorted(idep.spec.services.items()):
-        name = vocabulary.child_name(idep, service)
-        # No GPU pod sits idle while the weights move: a new worker pool waits for the download.
-        if inputs.model_phase not in (None, "Ready") and svc.is_worker:
-            if not any((kind, name) in inputs.workloads for kind in vocabulary.WORKLOAD_KINDS):
-                continue
-        add(workload(idep, service, svc, inputs.live_replicas.get(service), _model_dir(idep, inputs, service)))
+        model_dir = idep.spec.model_cache.digest if service in waiting else _model_dir(idep, inputs, service)
+        add(workload(idep, service, svc, inputs.live_replicas.get(service), model_dir))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
         for child in autoscaling.render(idep, service, svc):
@@ -118,6 +117,22 @@ def _rendered(
     admission.check(idep, children, patched)
     sizes.check_recorded(patched, idep.metadata.namespace, idep.metadata.uid)
     return patched + kept_jobs
+
+
+def _waiting_for_model(idep: InferaDeployment, inputs: RenderInputs) -> set[str]:
+    """The worker services left out until the model download completes: no GPU pod sits idle
+    while the weights move, so a new worker pool waits for them (one already running keeps
+    serving what it mounts)."""
+    if inputs.model_phase in (None, "Ready"):
+        return set()
+    return {
+        service
+        for service, svc in idep.spec.services.items()
+        if svc.is_worker
+        and not any(
+            (kind, vocabulary.child_name(idep, service)) in inputs.workloads for kind in vocabulary.WORKLOAD_KINDS
+        )
+    }
 
 
 def _serves_scaling_api(idep: InferaDeployment) -> bool:
@@ -265,7 +280,8 @@ class ReadClock:
 def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: RenderInputs) -> list[EncodedChild]:
     children = render_children(idep, request.allows, inputs)
     preflight.check_graph(idep, children)
-    return [encoded(child) for child in children]
+    waiting = _waiting_for_model(idep, inputs)
+    return [encoded(child) for child in children if _service_of(child) not in waiting]
 
 
 def default_budgets_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:

@@ -107,6 +107,39 @@ def test_workers_wait_for_the_download_then_mount_it_read_only(hooks) -> None:
     assert mc.sync() == []  # the finished Job is kept as it is: nothing is written at steady state
 
 
+def test_a_patched_worker_pool_waits_for_the_download_too(hooks) -> None:
+    """A patch may name a worker pool that waits for the weights: the graph downloads, then the
+    pool is created patched (it once failed the graph for good: no such child was rendered)."""
+    obj = cached()
+    obj["spec"]["patches"] = [
+        {
+            "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
+            "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/team": "infer"}}],
+        }
+    ]
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    assert mc.parent["status"]["state"] == "pending"
+    assert not any(key in mc.children for key in WORKERS)
+    finish(mc, jobs(mc)[0])
+    mc.converge()
+    assert mc.children[("Deployment", "qwen-pd-decode")]["metadata"]["annotations"]["example.com/team"] == "infer"
+
+
+def test_a_mistake_in_a_waiting_worker_pool_fails_before_the_download(hooks) -> None:
+    obj = cached()
+    port = {"name": "main", "ports": [{"containerPort": 70000}]}
+    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"containers": [port]}
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    assert mc.children == {}  # nothing starts, not even the download
+    assert mc.parent["status"]["state"] == "failed"
+    assert mc.parent["status"]["message"] == (
+        "spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-pd-decode made from it: "
+        "spec.template.spec.containers[0].ports[0].containerPort: 70000 is not a port number (1-65535)"
+    )
+
+
 def test_the_job_name_changes_exactly_with_the_source() -> None:
     assert model_cache_digest("Qwen/Qwen3-0.6B", None) == model_cache_digest("Qwen/Qwen3-0.6B", None)
     assert (

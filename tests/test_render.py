@@ -327,21 +327,24 @@ def test_model_downloaded_previews_the_workers_on_the_cache() -> None:
         validate_object(document)
 
 
-def test_model_downloaded_checks_the_worker_pools_a_fresh_graph_leaves_out() -> None:
-    """A worker pool is rendered, and so checked, only once the download is complete: linting a
-    model-cache spec needs the flag to see its workers' errors."""
+def test_the_worker_pools_a_fresh_graph_leaves_out_are_checked_all_the_same() -> None:
+    """A worker pool waits for the download, but a mistake in it fails now, not after the
+    download: with the flag or without."""
     text = MODEL_CACHE.read_text().replace(
         "      role: decode\n",
         "      role: decode\n      extraPodSpec: {containers: [{name: main, ports: [{containerPort: 70000}]}]}\n",
     )
-    assert render("-", stdin=text).returncode == 0
-    result = render("-", "--model-downloaded", stdin=text)
-    # The hook keeps what it observed, the complete download Job, and creates nothing.
-    assert result.returncode == 1 and [child["kind"] for child in yaml.safe_load_all(result.stdout)] == ["Job"]
-    assert result.stderr == (
+    refused = (
         "qwen-cache: failed: spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-cache-decode "
         "made from it: spec.template.spec.containers[0].ports[0].containerPort: 70000 is not a port number (1-65535)\n"
     )
+    fresh = render("-", stdin=text)
+    # Nothing is created: not even the download Job.
+    assert (fresh.returncode, fresh.stdout, fresh.stderr) == (1, "", refused)
+    result = render("-", "--model-downloaded", stdin=text)
+    # The hook keeps what it observed, the complete download Job, and creates nothing.
+    assert result.returncode == 1 and [child["kind"] for child in yaml.safe_load_all(result.stdout)] == ["Job"]
+    assert result.stderr == refused
 
 
 def test_model_downloaded_changes_nothing_without_a_model_cache() -> None:
