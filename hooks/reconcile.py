@@ -104,7 +104,7 @@ def _rendered(
         add(child)
     waiting = _waiting_for_model(idep, inputs)
     for service, svc in sorted(idep.spec.services.items()):
-        model_dir = idep.spec.model_cache.digest if service in waiting else _model_dir(idep, inputs, service)
+        model_dir = _model_dir(idep, inputs, service, waiting)
         add(workload(idep, service, svc, inputs.live_replicas.get(service), model_dir))
         if not svc.is_worker:
             add(server_service(idep, service, svc))
@@ -171,13 +171,14 @@ def _model_cache_children(idep: InferaDeployment, inputs: RenderInputs) -> tuple
     return rendered, [inputs.jobs[name] for name in sorted(wanted) if name in inputs.jobs]
 
 
-def _model_dir(idep: InferaDeployment, inputs: RenderInputs, service: str) -> str | None:
-    """The cache directory a service's pods mount: the current source's once downloaded; until
-    then the one its running workers mount (they keep serving it), or none."""
+def _model_dir(idep: InferaDeployment, inputs: RenderInputs, service: str, waiting: set[str]) -> str | None:
+    """The cache directory a service's pods mount: the current source's once downloaded, or for
+    a pool that waits for it; until then the one its running workers mount (they keep serving
+    it), or none."""
     cache = idep.spec.model_cache
     if cache is None or inputs.model_phase is None:
         return None
-    return cache.digest if inputs.model_phase == "Ready" else inputs.mounted.get(service)
+    return cache.digest if inputs.model_phase == "Ready" or service in waiting else inputs.mounted.get(service)
 
 
 # What spec.services.<name>.autoscaling decides, by kind: a patch setting it would fight the autoscaler.
