@@ -1,8 +1,14 @@
 """The control plane tier's programs are the pinned releases, built from the module proxy."""
 
+import json
 import subprocess
+import time
+from pathlib import Path
 
-from tests.support.controlplane import KUBERNETES_VERSION, programs
+from hooks.api import AUTOSCALING_RANGE_RULE
+from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
+from tests.support.prerequisites import REPO
+from tests.support.requests import PD, parent
 
 
 def version_of(program: str, *flags: str) -> str:
@@ -19,3 +25,46 @@ def test_the_kubernetes_programs_are_the_pinned_release() -> None:
 
 def test_etcd_is_the_release_kubernetes_uses() -> None:
     assert version_of("etcd", "--version").splitlines()[0] == "etcd Version: 3.6.8"
+
+
+def kubectl_run(kubectl: list[str], *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*kubectl, *arguments], capture_output=True, text=True, timeout=60)
+
+
+def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -> None:
+    with running_cluster(tmp_path) as kubeconfig:
+        kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(kubeconfig)]
+        crd = REPO / "crds" / "infera.amd.com_inferadeployments.yaml"
+        subprocess.run(
+            [*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True, timeout=60
+        )
+        waited = subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", "crd/inferadeployments.infera.amd.com", "--timeout=60s"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert waited.returncode == 0, waited.stderr
+        # The API server publishes an established CRD's OpenAPI schema a moment later.
+        deadline = time.monotonic() + 60
+        while (explained := kubectl_run(kubectl, "explain", "idep.spec.services")).returncode:
+            assert time.monotonic() < deadline, explained.stderr
+            time.sleep(1)
+        assert explained.stdout.startswith(
+            "GROUP:      infera.amd.com\nKIND:       InferaDeployment\nVERSION:    v1alpha1\n\n"
+            "FIELD: services <map[string]Object>\n"
+        )
+        assert "  componentType\t<string> -required-\n  enum: server, worker\n" in explained.stdout
+
+        # A rule of the CRD's, in the real API server's words.
+        obj = parent(PD)
+        obj["metadata"]["namespace"] = "default"
+        obj["spec"]["services"]["decode"]["autoscaling"] = {"minReplicas": 3, "maxReplicas": 2, "metrics": [{}]}
+        refused = subprocess.run(
+            [*kubectl, "apply", "-f", "-"], input=json.dumps(obj), capture_output=True, text=True, timeout=60
+        )
+        assert (refused.returncode, refused.stderr) == (
+            1,
+            'The InferaDeployment "qwen-pd" is invalid: spec.services[decode].autoscaling: Invalid value: '
+            f"{AUTOSCALING_RANGE_RULE}\n",
+        )

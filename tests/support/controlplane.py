@@ -10,12 +10,15 @@ minutes on two), saying so on stderr; Go's own caches stay where Go keeps them.
 """
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.prerequisites import REPO, need
@@ -108,3 +111,41 @@ def programs() -> dict[str, Path]:
     building.rename(bin_dir)
     print(f"built the control plane in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return paths
+
+
+@contextmanager
+def running_cluster(workdir: Path, name: str = "infera-test") -> Iterator[Path]:
+    """A kube-apiserver, kube-controller-manager, kube-scheduler and kwok on loopback, run by
+    kwokctl from the programs built here (it downloads nothing when every program is named);
+    the kubeconfig's path, until the cluster is deleted."""
+    paths = programs()
+    config = workdir / "kwokctl.yaml"
+    options = {
+        "runtime": "binary",
+        "kubeVersion": KUBERNETES_VERSION,
+        "etcdVersion": "3.6.8",
+        "bindAddress": "127.0.0.1",  # kwokctl's default binds every interface
+        "kubeApiserverBinary": str(paths["kube-apiserver"]),
+        "kubeControllerManagerBinary": str(paths["kube-controller-manager"]),
+        "kubeSchedulerBinary": str(paths["kube-scheduler"]),
+        "kwokControllerBinary": str(paths["kwok"]),
+        "etcdBinary": str(paths["etcd"]),
+        "kubectlBinary": str(paths["kubectl"]),
+    }
+    config.write_text(
+        json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": options})
+    )
+    kubeconfig = workdir / "kubeconfig"
+    environment = {**os.environ, "KWOK_WORKDIR": str(workdir / "kwok")}
+    kwokctl = [str(paths["kwokctl"]), "--config", str(config), "--name", name]
+    subprocess.run(
+        [*kwokctl, "create", "cluster", "--kubeconfig", str(kubeconfig), "--wait", "3m"],
+        env=environment,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    try:
+        yield kubeconfig
+    finally:
+        subprocess.run([*kwokctl, "delete", "cluster"], env=environment, capture_output=True, timeout=120)
