@@ -1,0 +1,116 @@
+"""The control plane tier's programs are the pinned releases, built from the module proxy."""
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hooks.api import AUTOSCALING_RANGE_RULE
+from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
+from tests.support.prerequisites import REPO, need_schemas
+from tests.support.requests import PD, parent
+
+
+def version_of(program: str, *flags: str) -> str:
+    return subprocess.run(
+        [str(programs()[program]), *flags], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
+def test_the_kubernetes_programs_are_the_pinned_release() -> None:
+    for program in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+        assert version_of(program, "--version") == f"Kubernetes {KUBERNETES_VERSION}\n"
+    assert f'"gitVersion": "{KUBERNETES_VERSION}"' in version_of("kubectl", "version", "--client", "-o", "json")
+
+
+def test_etcd_is_the_release_kubernetes_uses() -> None:
+    assert version_of("etcd", "--version").splitlines()[0] == "etcd Version: 3.6.8"
+
+
+def kubectl_run(kubectl: list[str], *arguments: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*kubectl, *arguments], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+INFERA_HOOKS = Path(sys.executable).with_name("infera-hooks")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cluster for the module, with the CRDs every example's children need."""
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as kubeconfig:
+        kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(kubeconfig)]
+        crds = [REPO / "crds" / "infera.amd.com_inferadeployments.yaml"] + [
+            need_schemas() / name for name in ("lws.yaml", "inferencepool.yaml", "httproute.yaml")
+        ]
+        for crd in crds:
+            applied = kubectl_run(kubectl, "apply", "--server-side", "-f", str(crd))
+            assert applied.returncode == 0, applied.stderr
+        waited = kubectl_run(kubectl, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        assert waited.returncode == 0, waited.stderr
+        yield kubeconfig
+
+
+def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -> None:
+    with running_cluster(tmp_path) as kubeconfig:
+        kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(kubeconfig)]
+        crd = REPO / "crds" / "infera.amd.com_inferadeployments.yaml"
+        subprocess.run(
+            [*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True, timeout=60
+        )
+        waited = subprocess.run(
+            [*kubectl, "wait", "--for=condition=Established", "crd/inferadeployments.infera.amd.com", "--timeout=60s"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert waited.returncode == 0, waited.stderr
+        # The API server publishes an established CRD's OpenAPI schema a moment later.
+        deadline = time.monotonic() + 60
+        while (explained := kubectl_run(kubectl, "explain", "idep.spec.services")).returncode:
+            assert time.monotonic() < deadline, explained.stderr
+            time.sleep(1)
+        assert explained.stdout.startswith(
+            "GROUP:      infera.amd.com\nKIND:       InferaDeployment\nVERSION:    v1alpha1\n\n"
+            "FIELD: services <map[string]Object>\n"
+        )
+        assert "  componentType\t<string> -required-\n  enum: server, worker\n" in explained.stdout
+
+        # A rule of the CRD's, in the real API server's words.
+        obj = parent(PD)
+        obj["metadata"]["namespace"] = "default"
+        obj["spec"]["services"]["decode"]["autoscaling"] = {"minReplicas": 3, "maxReplicas": 2, "metrics": [{}]}
+        refused = subprocess.run(
+            [*kubectl, "apply", "-f", "-"], input=json.dumps(obj), capture_output=True, text=True, timeout=60
+        )
+        assert (refused.returncode, refused.stderr) == (
+            1,
+            'The InferaDeployment "qwen-pd" is invalid: spec.services[decode].autoscaling: Invalid value: '
+            f"{AUTOSCALING_RANGE_RULE}\n",
+        )
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+def test_every_child_an_example_renders_passes_the_real_api_servers_admission(cluster: Path, example: Path) -> None:
+    """Validation, defaulting and admission as the API server runs them on create (a server-side
+    dry run: nothing is stored, no controller acts)."""
+    rendered = subprocess.run(
+        [str(INFERA_HOOKS), "render", str(example), "-n", "default"], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    applied = kubectl_run(
+        [str(programs()["kubectl"]), "--kubeconfig", str(cluster)],
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=rendered.stdout,
+    )
+    assert applied.returncode == 0, applied.stderr
+    assert all(line.endswith(" created (server dry run)") for line in applied.stdout.splitlines())
+    assert len(applied.stdout.splitlines()) == len([doc for doc in yaml.safe_load_all(rendered.stdout) if doc])
