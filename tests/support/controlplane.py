@@ -114,10 +114,10 @@ def programs() -> dict[str, Path]:
 
 
 @contextmanager
-def running_cluster(workdir: Path, name: str = "infera-test") -> Iterator[Path]:
+def running_cluster(workdir: Path, name: str = "infera-test", audit_policy: Path | None = None) -> Iterator[Path]:
     """A kube-apiserver, kube-controller-manager, kube-scheduler and kwok on loopback, run by
-    kwokctl from the programs built here (it downloads nothing when every program is named);
-    the kubeconfig's path, until the cluster is deleted."""
+    kwokctl from the programs built here (it downloads nothing when every program is named),
+    auditing by `audit_policy` if given; the kubeconfig's path, until the cluster is deleted."""
     paths = programs()
     config = workdir / "kwokctl.yaml"
     options = {
@@ -132,6 +132,8 @@ def running_cluster(workdir: Path, name: str = "infera-test") -> Iterator[Path]:
         "etcdBinary": str(paths["etcd"]),
         "kubectlBinary": str(paths["kubectl"]),
     }
+    if audit_policy is not None:
+        options["kubeAuditPolicy"] = str(audit_policy)
     config.write_text(
         json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": options})
     )

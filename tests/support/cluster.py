@@ -1,0 +1,243 @@
+"""What the control plane tier puts in a running loopback cluster: kwok nodes with GPUs,
+volumes for the claims, the LeaderWorkerSet controller with its webhooks, ServiceAccount tokens
+and the API server's audit log of writes.
+"""
+
+import base64
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.support.controlplane import programs, running_cluster
+from tests.support.prerequisites import go_module
+
+LWS_MODULE = "sigs.k8s.io/lws@v0.9.0"
+# The writes the audit log records, at the Metadata level (no bodies); reads are not logged.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+# Enough for every example at once: multinode-tp asks 8 GPUs and 1Ti of memory per pod.
+NODE_CAPACITY = {
+    "cpu": "256",
+    "memory": "4Ti",
+    "pods": "110",
+    "ephemeral-storage": "10Ti",
+    "amd.com/gpu": "8",
+    "nvidia.com/gpu": "8",
+}
+# pd-1p1d-mooncake pins its pools to these hostnames.
+NODE_NAMES = ["gpu-node-a", "gpu-node-b", *(f"gpu-node-{index}" for index in range(1, 15))]
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    audit_log: Path
+    config: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.config = yaml.safe_load(self.kubeconfig.read_text())
+
+    @property
+    def server(self) -> str:
+        return str(self.config["clusters"][0]["cluster"]["server"])
+
+    @property
+    def ca(self) -> str:
+        return str(self.config["clusters"][0]["cluster"]["certificate-authority"])
+
+    def kubectl(self, *arguments: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        command = [str(programs()["kubectl"]), "--kubeconfig", str(self.kubeconfig), *arguments]
+        return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+    def admin(self) -> httpx.Client:
+        """A client with the kubeconfig's identity (system:masters)."""
+        user = self.config["users"][0]["user"]
+        tls = ssl.create_default_context(cafile=self.ca)
+        tls.load_cert_chain(user["client-certificate"], user["client-key"])
+        return httpx.Client(base_url=self.server, verify=tls, timeout=30)
+
+    def as_token(self, token: str) -> httpx.Client:
+        tls = ssl.create_default_context(cafile=self.ca)
+        return httpx.Client(base_url=self.server, verify=tls, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def token(self, namespace: str, service_account: str) -> str:
+        """A token of the ServiceAccount, from its TokenRequest subresource: what a kubelet
+        mounts into a pod that runs as it."""
+        reply = self.admin().post(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+        )
+        reply.raise_for_status()
+        return str(reply.json()["status"]["token"])
+
+    def apply(self, *documents: dict[str, Any]) -> None:
+        applied = self.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}))
+        assert applied.returncode == 0, applied.stderr
+
+    def audit_writes(self, user: str) -> list[dict[str, Any]]:
+        """Every completed write the audit log holds by `user`."""
+        events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
+        return [event for event in events if event["stage"] == "ResponseComplete" and event["user"]["username"] == user]
+
+
+def kwok_node(name: str) -> dict[str, Any]:
+    """A node kwok keeps Ready, running its pods without containers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok"},
+        },
+        "status": {"capacity": NODE_CAPACITY, "allocatable": NODE_CAPACITY},
+    }
+
+
+def volume(name: str, storage_class: str = "") -> dict[str, Any]:
+    """A volume any claim of the class can bind (the class's provisioner's part)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "10Ti"},
+            "accessModes": ["ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany"],
+            "storageClassName": storage_class,
+            "persistentVolumeReclaimPolicy": "Delete",
+            "hostPath": {"path": f"/tmp/{name}"},
+        },
+    }
+
+
+@contextmanager
+def running_cluster_with_nodes(workdir: Path, name: str = "infera-test") -> Iterator[Cluster]:
+    """A loopback cluster (tests/support/controlplane.py) that audits writes, with kwok GPU
+    nodes and volumes in place."""
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    with running_cluster(workdir, name, audit_policy=policy) as kubeconfig:
+        cluster = Cluster(kubeconfig, workdir / "kwok" / "clusters" / name / "logs" / "audit.log")
+        cluster.apply(*(kwok_node(node) for node in NODE_NAMES))
+        cluster.apply(*(volume(f"plain-{index}") for index in range(40)))
+        cluster.apply(*(volume(f"fast-rwx-{index}", "fast-rwx") for index in range(10)))
+        yield cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _webhook(name: str, path: str, port: int, ca_bundle: str, group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
+    hook: dict[str, Any] = {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle},
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "rules": [{"apiGroups": [group], "apiVersions": ["v1"], "operations": verbs, "resources": [resource]}],
+    }
+    if resource == "pods":
+        # As LWS's own manifests restrict its Pod webhooks: only pods of a LeaderWorkerSet.
+        hook["objectSelector"] = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]}
+    return hook
+
+
+@contextmanager
+def running_lws(cluster: Cluster, workdir: Path) -> Iterator[None]:
+    """The LeaderWorkerSet controller as a loopback process, its CRDs installed and its
+    admission webhooks registered by URL (a self-signed certificate for 127.0.0.1: no Service
+    can reach a process outside the cluster's pod network)."""
+    module = go_module(LWS_MODULE)
+    for crd in ("leaderworkerset.x-k8s.io_leaderworkersets.yaml", "disaggregatedset.x-k8s.io_disaggregatedsets.yaml"):
+        applied = cluster.kubectl("apply", "--server-side", "-f", str(module / "config" / "crd" / "bases" / crd))
+        assert applied.returncode == 0, applied.stderr
+    certs = workdir / "lws-certs"
+    certs.mkdir(exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.crt")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    webhook_port, health_port = _free_port(), _free_port()
+    config = workdir / "lws-config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "config.lws.x-k8s.io/v1alpha1",
+                "kind": "Configuration",
+                "leaderElection": {"leaderElect": False},
+                "internalCertManagement": {"enable": False},
+                "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
+                "metrics": {"bindAddress": "0"},
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+            }
+        )
+    )
+    log = (workdir / "lws-controller.log").open("w")
+    process = subprocess.Popen(
+        [str(programs()["lws-controller"]), "--config", str(config), "--kubeconfig", str(cluster.kubeconfig)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "NAMESPACE": "lws-system"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (workdir / "lws-controller.log").read_text()[-4000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{health_port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (workdir / "lws-controller.log").read_text()[-4000:]
+            time.sleep(0.5)
+        ca_bundle = base64.b64encode((certs / "tls.crt").read_bytes()).decode()
+        lws = ("leaderworkerset.x-k8s.io", "leaderworkersets")
+        cluster.apply(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "lws-mutating"},
+                "webhooks": [
+                    _webhook("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", webhook_port, ca_bundle, *lws, ["CREATE", "UPDATE"]),
+                    _webhook("mpod.kb.io", "/mutate--v1-pod", webhook_port, ca_bundle, "", "pods", ["CREATE"]),
+                ],
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": "lws-validating"},
+                "webhooks": [
+                    _webhook("vleaderworkerset.kb.io", "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", webhook_port, ca_bundle, *lws, ["CREATE", "UPDATE"]),
+                    _webhook("vpod.kb.io", "/validate--v1-pod", webhook_port, ca_bundle, "", "pods", ["CREATE", "UPDATE"]),
+                ],
+            },
+        )  # fmt: skip
+        yield
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+        log.close()
