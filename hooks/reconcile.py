@@ -245,10 +245,11 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
         return _keep_observed(request, message, now)
     previous = _previous_status(request)
+    changing = status.services_changing(idep, children, request.by_key)
 
     def roll_up() -> tuple[RolledUp, bool]:
         clock = ReadClock(now)
-        rolled_up = status.roll_up(idep, request.by_key, previous, clock, notices, unregistered)
+        rolled_up = status.roll_up(idep, request.by_key, previous, clock, notices, unregistered, changing)
         return (rolled_up.state, canonical_json(status.as_wire(rolled_up))), not clock.read
 
     # The roll-up reads the previous conditions, and of each observed child its identity,
@@ -258,7 +259,8 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         [kind, name, child["metadata"].get("generation"), *_replicas(child.get("spec") or {}), child.get("status")]
         for (kind, name), child in request.by_key.items()
     ]
-    state, status_json = memo.status(entry, [previous.get("conditions"), notices, unregistered, observed], roll_up)
+    key = [previous.get("conditions"), notices, unregistered, changing, observed]
+    state, status_json = memo.status(entry, key, roll_up)
     return SyncAnswer(state, status_json, children)
 
 

@@ -5,6 +5,8 @@ So nothing here depends on dict order, and the clock is read only when a conditi
 changes status; otherwise its lastTransitionTime is carried over from the parent's status.
 """
 
+import functools
+import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +24,8 @@ from hooks.api import (
     ServiceStatus,
     State,
 )
-from hooks.contract import field_at
+from hooks.contract import LAST_APPLIED_ANNOTATION, field_at, parse_recorded
+from hooks.encoding import EncodedChild
 from hooks.vocabulary import (
     EPP_SUFFIX,
     MODEL_VOLUME,
@@ -115,6 +118,49 @@ def _current_ready(workload: dict | None) -> int:
     if _as_int(status.get("observedGeneration")) < _as_int(workload["metadata"].get("generation")):
         return 0
     return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
+
+
+def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], observed: Observed) -> list[str]:
+    """The services whose workload this answer creates or changes other than in its replica
+    count (a new template, a switch of kind): the pods the observed workload reports ready run
+    what the spec asked before, and Metacontroller applies the change only after it writes this
+    status, which is the first about the new generation."""
+    changing = set()
+    for child in answer:
+        service = child.service
+        if (
+            child.kind not in WORKLOAD_KINDS
+            or service not in idep.spec.services
+            or child.name != child_name(idep, service)
+        ):
+            continue
+        running = observed.get((child.kind, child.name))
+        recorded = field_at(running, "metadata", "annotations", LAST_APPLIED_ANNOTATION) if running else None
+        if running is None or (isinstance(recorded, str) and _changes_workload(recorded, child.body)):
+            changing.add(service)
+    return sorted(changing)
+
+
+@functools.lru_cache(maxsize=256)
+def _changes_workload(recorded: str, body: bytes) -> bool:
+    """Whether applying `body` over a workload last applied as `recorded` changes more than its
+    replicas. Every sync brings the same pairs again, and parsing them costs more than the rest
+    of the roll-up."""
+    applied = parse_recorded(recorded)
+    return applied is not None and _as_compared(applied) != _as_compared(json.loads(body))
+
+
+def _as_compared(workload: dict[str, Any]) -> dict[str, Any]:
+    """A workload without what Metacontroller stamps on it (the namespace, its controller-uid
+    label) and without its replicas."""
+    metadata = {key: value for key, value in (workload.get("metadata") or {}).items() if key != "namespace"}
+    labels = metadata.get("labels")
+    if isinstance(labels, dict):
+        metadata["labels"] = {key: value for key, value in labels.items() if key != "controller-uid"}
+    spec = workload.get("spec")
+    if isinstance(spec, dict):
+        spec = {key: value for key, value in spec.items() if key != "replicas"}
+    return {**workload, "metadata": metadata, "spec": spec}
 
 
 @dataclass(frozen=True)
@@ -333,13 +379,17 @@ def roll_up(
     now: Clock,
     notices: Sequence[str] = (),
     unregistered: Sequence[str] = (),
+    changing: Collection[str] = (),
 ) -> InferaDeploymentStatus:
     """`notices` are changes that could not be applied; `unregistered` names children withheld
-    because the CompositeController does not register their kind (the graph is then failed).
-    `by_key`: the observed children by (kind, name)."""
+    because the CompositeController does not register their kind (the graph is then failed);
+    `changing` the services whose workload the answer changes (services_changing), none of
+    whose replicas is ready yet. `by_key`: the observed children by (kind, name)."""
     generation = idep.metadata.generation
     services = service_statuses(idep, by_key)
-    current = {service: _current_ready(_workload(idep, service, by_key)) for service in services}
+    current = {
+        service: 0 if service in changing else _current_ready(_workload(idep, service, by_key)) for service in services
+    }
     # Readiness is judged against the count the spec asks for (a replica that was never created
     # is not ready); an autoscaled service against minReplicas, so a scale-up in progress (minutes
     # of model loading) does not turn a serving graph pending.

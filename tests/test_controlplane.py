@@ -1,6 +1,7 @@
 """The control plane tier's programs are the pinned releases, built from the module proxy."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,8 @@ import yaml
 
 from hooks.api import AUTOSCALING_RANGE_RULE
 from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
-from tests.support.prerequisites import REPO, need_schemas
+from tests.support.docs import readme_local_cluster
+from tests.support.prerequisites import REPO, need, need_schemas
 from tests.support.requests import PD, parent
 
 
@@ -114,3 +116,38 @@ def test_every_child_an_example_renders_passes_the_real_api_servers_admission(cl
     assert applied.returncode == 0, applied.stderr
     assert all(line.endswith(" created (server dry run)") for line in applied.stdout.splitlines())
     assert len(applied.stdout.splitlines()) == len([doc for doc in yaml.safe_load_all(rendered.stdout) if doc])
+
+
+def test_one_command_brings_up_a_cluster_a_person_can_try_and_one_tears_it_down(tmp_path: Path) -> None:
+    """The README's try-it commands, as written: `up` prints a KUBECONFIG under which an
+    example becomes Ready; `down` ends it, cluster and all."""
+    up_command, down_command = readme_local_cluster()
+    need((REPO / ".venv" / "bin" / "python").is_file(), "the README's commands run the test set-up's .venv")
+    environment = {**os.environ, "INFERA_LOCALCLUSTER_DIR": str(tmp_path)}
+    up = subprocess.Popen(
+        ["bash", "-c", up_command], cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert up.stdout is not None
+        line = up.stdout.readline()
+        assert line.startswith("export KUBECONFIG="), (line, up.stderr.read() if up.poll() is not None else "")
+        kubeconfig = line.removeprefix("export KUBECONFIG=").strip()
+        kubectl = [str(programs()["kubectl"]), "--kubeconfig", kubeconfig]
+        applied = kubectl_run(kubectl, "apply", "-f", str(REPO / "examples" / "pd-disaggregated.yaml"))
+        assert applied.returncode == 0, applied.stderr
+        waited = subprocess.run(
+            [*kubectl, "wait", "--for=condition=Ready", "idep/qwen-pd", "--timeout=180s"],
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+        assert waited.returncode == 0, waited.stderr
+        assert kubectl_run(kubectl, "get", "idep").stdout.splitlines()[1].split()[:3] == ["qwen-pd", "sglang", "ready"]
+    finally:
+        down = subprocess.run(
+            ["bash", "-c", down_command], cwd=REPO, env=environment, capture_output=True, text=True, timeout=180
+        )
+        up.wait(timeout=60)
+    assert (down.returncode, up.returncode) == (0, 0), (down.stderr, up.stderr.read() if up.stderr else "")
+    assert kubectl_run(kubectl, "get", "nodes", "--request-timeout=5s").returncode == 1  # the API server is gone
+    assert not (tmp_path / "pid").exists()

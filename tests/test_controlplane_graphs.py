@@ -8,99 +8,38 @@ kube-controller-manager, kube-scheduler, kwok, the LeaderWorkerSet controller an
 `infera-hooks serve`.
 """
 
+import asyncio
+import copy
+import importlib
 import json
-import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from tests.support.cluster import NODE_NAMES, Cluster, running_cluster_with_nodes, running_lws
-from tests.support.composite_driver import CompositeDriver
-from tests.support.prerequisites import REPO, need_schemas
-from tests.support.requests import RESOURCE_KINDS, load_yaml
-from tests.support.service import running_server
+from tests.support.cluster import NODE_NAMES, Cluster
+from tests.support.composite_driver import LAST_APPLIED, RESOURCES
+from tests.support.localcluster import CONTROLLER, METACONTROLLER_USER, Installed, installed_bundle
+from tests.support.prerequisites import REPO, need_runtime, need_schemas
+from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
+from tests.support.service import HookClient
+from tests.support.simulator import Metacontroller
 
-CONTROLLER = "inferadeployment-controller"
-METACONTROLLER_USER = "system:serviceaccount:metacontroller:metacontroller"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 GPU = ("amd.com/gpu", "nvidia.com/gpu")
 
 
-@dataclass
-class Installed:
-    cluster: Cluster
-    driver: CompositeDriver
-    hooks_url: str
-
-
-def overlay(directory: Path, hooks_url: str) -> Path:
-    """The test overlay: the bundle with the lws and gaie components, whose only change is the
-    CompositeController's hook URLs, pointed at the loopback `infera-hooks serve`."""
-    directory.mkdir()
-    bundle = os.path.relpath(REPO, directory)
-    patch = [
-        {"op": "replace", "path": f"/spec/hooks/{hook}/webhook/url", "value": f"{hooks_url}/{hook}"}
-        for hook in ("sync", "finalize", "customize")
-    ]
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [bundle],
-        "components": [f"{bundle}/metacontroller/components/{name}" for name in ("lws", "gaie")],
-        "patches": [{"target": {"kind": "CompositeController", "name": CONTROLLER}, "patch": json.dumps(patch)}],
-    }
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return directory
-
-
-def metacontroller_identity() -> list[dict[str, Any]]:
-    """Metacontroller's namespace, ServiceAccount and cluster-wide role, as its own manifests
-    install them: it reads and writes every kind a controller registers."""
-    meta = {"name": "metacontroller"}
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": meta},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": "metacontroller"}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta,
-            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": meta,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "metacontroller"},
-            "subjects": [{"kind": "ServiceAccount", "name": "metacontroller", "namespace": "metacontroller"}],
-        },
-    ]
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    workdir = tmp_path_factory.mktemp("graphs")
-    schemas = need_schemas()
-    with running_cluster_with_nodes(workdir) as cluster, running_lws(cluster, workdir), running_server(workdir) as hooks:
-        for crd in ("metacontroller-crds.yaml", "inferencepool.yaml", "httproute.yaml"):
-            applied = cluster.kubectl("apply", "--server-side", "-f", str(schemas / crd))
-            assert applied.returncode == 0, applied.stderr
-        cluster.apply(*metacontroller_identity())
-        installed = cluster.kubectl("apply", "-k", str(overlay(workdir / "overlay", hooks.url)))
-        assert installed.returncode == 0, installed.stderr
-        waited = cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        assert waited.returncode == 0, waited.stderr
-        driver = CompositeDriver(cluster.as_token(cluster.token("metacontroller", "metacontroller")), CONTROLLER)
-        driver.start(interval=1.0)
-        try:
-            yield Installed(cluster, driver, hooks.url)
-        finally:
-            driver.stop()
-        assert driver.errors == []
+    with installed_bundle(tmp_path_factory.mktemp("graphs"), need_schemas()) as installed:
+        yield installed
+    assert installed.driver.errors == []
 
 
 def eventually(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
@@ -130,7 +69,11 @@ def accept_gateway_routes(cluster: Cluster, namespace: str) -> None:
             status = {
                 "parents": [
                     {
-                        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"},
+                        "parentRef": {
+                            "group": "gateway.networking.k8s.io",
+                            "kind": "Gateway",
+                            "name": "inference-gateway",
+                        },
                         "controllerName": "example.com/gateway",
                         "conditions": [
                             {
@@ -170,7 +113,11 @@ def test_the_bundle_installs_with_its_hooks_pointed_at_loopback(installed: Insta
     eventually(lambda: cluster.kubectl("explain", "idep.spec.services").returncode == 0, "kubectl explain", 60)
     # The API server type-checks the scaling policy's CEL against the CRD's schema.
     policy = eventually(
-        lambda: "typeChecking" in (p := get(cluster, "validatingadmissionpolicy", "infera-scaling-api-replicas-only")).get("status", {}) and p,
+        lambda: (
+            "typeChecking"
+            in (p := get(cluster, "validatingadmissionpolicy", "infera-scaling-api-replicas-only")).get("status", {})
+            and p
+        ),
         "the scaling policy's type check",
     )
     assert policy["status"]["typeChecking"] == {}
@@ -206,10 +153,21 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(installed
     if (idep["spec"].get("gaie") or {}).get("enabled"):
         eventually(lambda: get(cluster, "-n", namespace, "httproutes")["items"], "the HTTPRoute")
         accept_gateway_routes(cluster, namespace)
-    waited = cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", "--timeout=180s", timeout=200)
-    assert waited.returncode == 0, (waited.stderr, get(cluster, "-n", namespace, "idep", name).get("status"), driver.errors)
+    waited = cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", "--timeout=180s", timeout=200
+    )
+    assert waited.returncode == 0, (
+        waited.stderr,
+        get(cluster, "-n", namespace, "idep", name).get("status"),
+        cluster.unready_pods(namespace),
+        driver.errors,
+    )
 
-    assert columns(cluster, namespace, name) == {"NAME": name, "BACKEND": idep["spec"].get("backendFramework", "sglang"), "STATE": "ready"}
+    assert columns(cluster, namespace, name) == {
+        "NAME": name,
+        "BACKEND": idep["spec"].get("backendFramework", "sglang"),
+        "STATE": "ready",
+    }
     services = len(idep["spec"]["services"])
     assert columns(cluster, namespace, name, "wide")["READY"] == f"{services}/{services}"
 
@@ -219,11 +177,34 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(installed
     assert owned
     for child in owned:
         (owner,) = [ref for ref in child["metadata"]["ownerReferences"] if ref.get("controller")]
-        assert (owner["kind"], owner["name"], owner["uid"], owner["blockOwnerDeletion"]) == ("InferaDeployment", name, uid, True)
+        assert (owner["kind"], owner["name"], owner["uid"], owner["blockOwnerDeletion"]) == (
+            "InferaDeployment",
+            name,
+            uid,
+            True,
+        )
+    created = {(resource, name) for verb, resource, name in driver_writes(cluster, namespace, 0) if verb == "create"}
+    assert {(RESOURCES[c["kind"]], c["metadata"]["name"]) for c in owned} <= created
+    if "modelCache" in idep["spec"]:
+        # The gate: worker pools appear only once the download Job has completed.
+        (job,) = get(cluster, "-n", namespace, "jobs")["items"]
+        workers = [
+            f"{name}-{service}" for service, svc in idep["spec"]["services"].items() if svc["componentType"] == "worker"
+        ]
+        for worker in workers:
+            deployment = get(cluster, "-n", namespace, "deployment", worker)
+            assert deployment["metadata"]["creationTimestamp"] >= job["status"]["completionTime"]
     pods = get(cluster, "-n", namespace, "pods", "-l", f"infera.amd.com/deployment={name}")["items"]
-    asking_gpus = [pod for pod in pods if any(set(GPU) & set(c["resources"].get("limits", {})) for c in pod["spec"]["containers"])]
+    asking_gpus = [
+        pod for pod in pods if any(set(GPU) & set(c["resources"].get("limits", {})) for c in pod["spec"]["containers"])
+    ]
     assert asking_gpus and all(pod["spec"]["nodeName"] in NODE_NAMES for pod in pods)
     assert all(pod["status"]["phase"] in ("Running", "Succeeded") for pod in pods)
+
+    # The simulator, through the same example, ends with the same children and status.
+    simulated = simulated_ready(installed.hooks_url, {**parent, "status": {}})
+    assert set(simulated.children) == {(c["kind"], c["metadata"]["name"]) for c in owned}
+    assert comparable(parent["status"]) == comparable(simulated.parent["status"])
 
     # Steady state: the driver syncs every graph each second; over ten seconds Metacontroller's
     # identity writes nothing to any object of this namespace.
@@ -247,15 +228,19 @@ def driver_writes(cluster: Cluster, namespace: str, since: int) -> list[tuple[st
     ]  # fmt: skip
 
 
-def ready_graph(installed: Installed, namespace: str, example: Path = REPO / "examples" / "pd-disaggregated.yaml") -> dict[str, Any]:
+def ready_graph(
+    installed: Installed, namespace: str, example: Path = REPO / "examples" / "pd-disaggregated.yaml"
+) -> dict[str, Any]:
     cluster = installed.cluster
     assert cluster.kubectl("create", "namespace", namespace).returncode == 0
     applied = cluster.kubectl("apply", "-n", namespace, "-f", str(example))
     assert applied.returncode == 0, applied.stderr
     (idep,) = load_yaml(example)
     name = idep["metadata"]["name"]
-    waited = cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", "--timeout=180s", timeout=200)
-    assert waited.returncode == 0, waited.stderr
+    waited = cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", "--timeout=180s", timeout=200
+    )
+    assert waited.returncode == 0, (waited.stderr, cluster.unready_pods(namespace))
     return get(cluster, "-n", namespace, "idep", name)
 
 
@@ -263,40 +248,71 @@ def test_scaling_one_pool_writes_only_its_workload_and_the_status(installed: Ins
     cluster = installed.cluster
     parent = ready_graph(installed, "scale")
     since = len(cluster.audit_writes(METACONTROLLER_USER))
-    patched = cluster.kubectl("patch", "-n", "scale", "idep", "qwen-pd", "--type=merge", "-p", '{"spec":{"services":{"decode":{"replicas":2}}}}')
+    patched = cluster.kubectl(
+        "patch",
+        "-n",
+        "scale",
+        "idep",
+        "qwen-pd",
+        "--type=merge",
+        "-p",
+        '{"spec":{"services":{"decode":{"replicas":2}}}}',
+    )
     assert patched.returncode == 0, patched.stderr
-    eventually(lambda: get(cluster, "-n", "scale", "deployment", "qwen-pd-decode")["status"].get("readyReplicas") == 2, "two decode pods")
+    eventually(
+        lambda: get(cluster, "-n", "scale", "deployment", "qwen-pd-decode")["status"].get("readyReplicas") == 2,
+        "two decode pods",
+    )
     waited = cluster.kubectl("wait", "-n", "scale", "--for=condition=Ready", "idep/qwen-pd", "--timeout=60s")
     assert waited.returncode == 0, waited.stderr
     time.sleep(3)
     writes = driver_writes(cluster, "scale", since)
-    assert {write for write in writes if write[1] != "inferadeployments/status"} == {("update", "deployments", "qwen-pd-decode")}
-    assert get(cluster, "-n", "scale", "idep", "qwen-pd")["status"]["observedGeneration"] == parent["metadata"]["generation"] + 1
+    assert {write for write in writes if write[1] != "inferadeployments/status"} == {
+        ("update", "deployments", "qwen-pd-decode")
+    }
+    assert (
+        get(cluster, "-n", "scale", "idep", "qwen-pd")["status"]["observedGeneration"]
+        == parent["metadata"]["generation"] + 1
+    )
 
 
 def test_a_spec_the_hook_refuses_fails_in_status_and_keeps_every_child(installed: Installed) -> None:
     cluster = installed.cluster
     parent = ready_graph(installed, "refused")
-    before = {(c["kind"], c["metadata"]["name"]): c["metadata"]["resourceVersion"] for c in children(cluster, "refused", parent["metadata"]["uid"])}
+    before = {
+        (c["kind"], c["metadata"]["name"]): c["metadata"]["resourceVersion"]
+        for c in children(cluster, "refused", parent["metadata"]["uid"])
+    }
     since = len(cluster.audit_writes(METACONTROLLER_USER))
     # The CRD admits any pod spec here; the hook knows the mount names no volume.
     mount = {"name": "models", "mountPath": "/models"}
-    patch = {"spec": {"services": {"decode": {"extraPodSpec": {"containers": [{"name": "main", "volumeMounts": [mount]}]}}}}}
+    patch = {
+        "spec": {"services": {"decode": {"extraPodSpec": {"containers": [{"name": "main", "volumeMounts": [mount]}]}}}}
+    }
     patched = cluster.kubectl("patch", "-n", "refused", "idep", "qwen-pd", "--type=merge", "-p", json.dumps(patch))
     assert patched.returncode == 0, patched.stderr
-    status = eventually(lambda: (s := get(cluster, "-n", "refused", "idep", "qwen-pd")["status"])["state"] == "failed" and s, "state failed")
+    status = eventually(
+        lambda: (s := get(cluster, "-n", "refused", "idep", "qwen-pd")["status"])["state"] == "failed" and s,
+        "state failed",
+    )
     assert status["message"].endswith(
         "spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-pd-decode made from it: "
         "spec.template.spec.containers[0].volumeMounts[0].name: no volume named 'models' in the pod"
     )
     time.sleep(3)
     assert {w for w in driver_writes(cluster, "refused", since)} == {("update", "inferadeployments/status", "qwen-pd")}
-    after = {(c["kind"], c["metadata"]["name"]): c["metadata"]["resourceVersion"] for c in children(cluster, "refused", parent["metadata"]["uid"])}
+    after = {
+        (c["kind"], c["metadata"]["name"]): c["metadata"]["resourceVersion"]
+        for c in children(cluster, "refused", parent["metadata"]["uid"])
+    }
     assert after.keys() == before.keys()
 
 
 def set_hook_urls(cluster: Cluster, base: str) -> None:
-    patch = [{"op": "replace", "path": f"/spec/hooks/{hook}/webhook/url", "value": f"{base}/{hook}"} for hook in ("sync", "finalize", "customize")]
+    patch = [
+        {"op": "replace", "path": f"/spec/hooks/{hook}/webhook/url", "value": f"{base}/{hook}"}
+        for hook in ("sync", "finalize", "customize")
+    ]
     patched = cluster.kubectl("patch", "compositecontroller", CONTROLLER, "--type=json", "-p", json.dumps(patch))
     assert patched.returncode == 0, patched.stderr
 
@@ -320,13 +336,17 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
         assert driver_writes(cluster, "teardown", since) == []
     finally:
         set_hook_urls(cluster, installed.hooks_url)
+        passes = driver.passes
+        eventually(lambda: driver.passes >= passes + 2, "a pass that reads the restored URLs")
         del driver.errors[errors:]
 
     waited = cluster.kubectl("wait", "-n", "teardown", "--for=delete", "idep/qwen-pd", "--timeout=120s", timeout=150)
     assert waited.returncode == 0, waited.stderr
     eventually(lambda: not children(cluster, "teardown", uid), "the garbage collector")
     assert get(cluster, "-n", "teardown", "pods")["items"] == []
-    deletes = [(resource, name) for verb, resource, name in driver_writes(cluster, "teardown", since) if verb == "delete"]
+    deletes = [
+        (resource, name) for verb, resource, name in driver_writes(cluster, "teardown", since) if verb == "delete"
+    ]
     stages = [
         {("deployments", "qwen-pd-server"), ("services", "qwen-pd-server"), ("poddisruptionbudgets", "qwen-pd-decode"), ("poddisruptionbudgets", "qwen-pd-prefill")},
         {("deployments", "qwen-pd-decode"), ("deployments", "qwen-pd-prefill")},
@@ -336,3 +356,202 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
     assert sorted(deletes) == sorted(set().union(*stages))
     positions = [[deletes.index(item) for item in stage] for stage in stages]
     assert max(positions[0]) < min(positions[1]) and max(positions[1]) < min(positions[2])
+
+
+# The runtime's make_client passes its CA file as `verify=<path>`, which httpx 0.28 deprecates.
+@pytest.mark.filterwarnings("ignore:`verify=<str>` is deprecated:DeprecationWarning")
+def test_the_runtimes_worker_registers_and_its_router_discovers_it_under_the_rendered_accounts(
+    installed: Installed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime's own Kubernetes clients (the worker's K8sRegistrationClient, the router's
+    KubernetesRegistry), each with a TokenRequest token of the account its pod runs as, against
+    the real API server and its RBAC authorizer."""
+    monkeypatch.syspath_prepend(str(need_runtime()))
+    cluster = installed.cluster
+    ready_graph(installed, "runtime")
+    k8s_client = importlib.import_module("infera.common.k8s_client")
+    registration = importlib.import_module("infera.common.registration_k8s")
+    discovery = importlib.import_module("infera.common.discovery_k8s")
+    engine_config = importlib.import_module("infera.engine.base").EngineConfig
+    address = urlsplit(cluster.server)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", str(address.hostname))
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(address.port))
+
+    def mount(account: str) -> None:
+        """What the kubelet mounts into a pod running as `account`."""
+        directory = tmp_path / account
+        directory.mkdir()
+        (directory / "token").write_text(cluster.token("runtime", account))
+        (directory / "ca.crt").write_text(Path(cluster.ca).read_text())
+        (directory / "namespace").write_text("runtime")
+        for name in ("token", "ca.crt", "namespace"):
+            monkeypatch.setattr(k8s_client, f"_{name.split('.')[0].upper()}_PATH", str(directory / name))
+
+    pods = get(cluster, "-n", "runtime", "pods", "-l", "infera.amd.com/deployment=qwen-pd")["items"]
+    by_service = {pod["metadata"]["labels"]["infera.amd.com/service"]: pod for pod in pods}
+    workers = [by_service["prefill"], by_service["decode"]]
+    assert [pod["spec"]["serviceAccountName"] for pod in (*workers, by_service["server"])] == [
+        "qwen-pd-register",
+        "qwen-pd-register",
+        "qwen-pd-disc",
+    ]
+    server = get(cluster, "-n", "runtime", "deployment", "qwen-pd-server")["spec"]["template"]["spec"]["containers"][0]
+    selector = server["command"][server["command"].index("--k8s-label-selector") + 1]
+
+    async def scenario() -> None:
+        mount("qwen-pd-register")
+        clients = [registration.K8sRegistrationClient(pod_name=pod["metadata"]["name"]) for pod in workers]
+        for client, pod in zip(clients, workers, strict=True):
+            await client.register(engine_config(model_name="Qwen/Qwen3-0.6B", host=pod["status"]["podIP"], port=8000))
+        mount("qwen-pd-disc")
+        registry = discovery.KubernetesRegistry(selector)
+        await registry.start()
+        try:
+            urls = [f"http://{pod['status']['podIP']}:8000" for pod in workers]
+            active = lambda: {w.url for w in registry.pool.list_active()}  # noqa: E731
+            await wait_for(lambda: active() == set(urls), "both workers")
+            assert await clients[0].deregister()  # a drain begins: the watch takes it out of routing
+            await wait_for(lambda: active() == {urls[1]}, "the decode worker alone")
+        finally:
+            await registry.stop()
+            await clients[1].deregister()
+
+    asyncio.run(scenario())
+    # And no more than that, in the real authorizer's words.
+    can_i = lambda account, *request: cluster.kubectl(  # noqa: E731
+        "auth", "can-i", f"--as=system:serviceaccount:runtime:{account}", "-n", "runtime", *request
+    ).stdout.strip()
+    assert [can_i("qwen-pd-register", "patch", "pods"), can_i("qwen-pd-register", "list", "pods")] == ["yes", "no"]
+    assert [can_i("qwen-pd-disc", "watch", "pods"), can_i("qwen-pd-disc", "patch", "pods")] == ["yes", "no"]
+    assert can_i("qwen-pd-disc", "get", "secrets") == "no"
+
+
+async def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def simulated_ready(hooks_url: str, idep: dict[str, Any]) -> Metacontroller:
+    """The graph through the simulated Metacontroller until it is ready: each round, its
+    workloads report ready, Jobs complete and the Gateway accepts its routes."""
+    simulated = Metacontroller(HookClient(hooks_url), idep, controller("lws", "gaie"))
+    for _ in range(4):
+        simulated.converge()
+        if simulated.parent["status"]["state"] == "ready":
+            return simulated
+        simulated.mark_ready()
+        simulated.gateway_accepts()
+    raise AssertionError(f"the simulated graph is not ready: {simulated.parent['status']}")
+
+
+def comparable(status: dict[str, Any]) -> dict[str, Any]:
+    """A status without what differs by clock alone."""
+    kept = {key: value for key, value in status.items() if key != "conditions"}
+    kept["conditions"] = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions", [])
+    ]
+    return kept
+
+
+def ready_at_its_generation(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    """The graph's status once it says ready about its current spec."""
+    idep = get(cluster, "-n", namespace, "idep", name)
+    status = idep.get("status") or {}
+    current = status.get("observedGeneration") == idep["metadata"]["generation"]
+    return status if current and status.get("state") == "ready" else None
+
+
+def rendered_keys(spec: dict[str, Any], name: str) -> set[tuple[str, str]]:
+    obj = {
+        "apiVersion": "infera.amd.com/v1alpha1",
+        "kind": "InferaDeployment",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    rendered = subprocess.run(
+        [str(Path(sys.executable).with_name("infera-hooks")), "render", "-", "-n", "changes"],
+        input=json.dumps(obj), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    return {(doc["kind"], doc["metadata"]["name"]) for doc in yaml.safe_load_all(rendered.stdout) if doc}
+
+
+# Each step puts another example's spec under the same graph: PD to mixed, to multi-node on a
+# LeaderWorkerSet, to PD with GAIE, and back to PD without it.
+CHANGES = ["single-node-mixed.yaml", "multinode-tp.yaml", "gaie-pd.yaml", "pd-disaggregated.yaml"]
+
+
+def test_switching_shapes_prunes_and_creates_what_the_hook_renders_as_the_simulator_says(installed: Installed) -> None:
+    cluster = installed.cluster
+    parent = ready_graph(installed, "changes")
+    uid = parent["metadata"]["uid"]
+    simulated = Metacontroller(HookClient(installed.hooks_url), {**parent, "status": {}}, controller("lws", "gaie"))
+    simulated.parent["metadata"]["namespace"] = "changes"
+    simulated.converge()
+    simulated.mark_ready()
+    simulated.converge()
+    for example in CHANGES:
+        (idep,) = load_yaml(REPO / "examples" / example)
+        replaced = cluster.kubectl(
+            "patch",
+            "-n",
+            "changes",
+            "idep",
+            "qwen-pd",
+            "--type=json",
+            "-p",
+            json.dumps([{"op": "replace", "path": "/spec", "value": idep["spec"]}]),
+        )
+        assert replaced.returncode == 0, replaced.stderr
+        expected = rendered_keys(idep["spec"], "qwen-pd")
+        gaie = (idep["spec"].get("gaie") or {}).get("enabled")
+        if gaie:
+            eventually(lambda: get(cluster, "-n", "changes", "httproutes")["items"], "the HTTPRoute")
+            accept_gateway_routes(cluster, "changes")
+        eventually(
+            lambda: {(c["kind"], c["metadata"]["name"]) for c in children(cluster, "changes", uid)} == expected,
+            f"{example}'s children",
+        )
+        waited = cluster.kubectl(
+            "wait", "-n", "changes", "--for=condition=Ready", "idep/qwen-pd", "--timeout=120s", timeout=150
+        )
+        assert waited.returncode == 0, (example, waited.stderr, cluster.unready_pods("changes"))
+
+        simulated.edit(lambda spec, new=idep["spec"]: (spec.clear(), spec.update(copy.deepcopy(new))))
+        simulated.converge()
+        simulated.mark_ready()
+        simulated.gateway_accepts(True) if gaie else None
+        simulated.converge()
+        assert set(simulated.children) == expected, example
+        real = eventually(lambda: ready_at_its_generation(cluster, "changes", "qwen-pd"), f"{example} ready")
+        assert comparable(real) == comparable(simulated.parent["status"]), example
+
+
+def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed) -> None:
+    """The autoscaling example's decode pool: resized through /scale, as the HPA controller
+    does; the next syncs leave the new size alone. The first records it in the last-applied
+    annotation (the hook emits the live count) and writes nothing else, as the simulator says."""
+    cluster = installed.cluster
+    ready_graph(installed, "autoscaled", REPO / "examples" / "pd-autoscaling.yaml")
+    assert (
+        get(cluster, "-n", "autoscaled", "hpa", "qwen-auto-decode")["spec"]["scaleTargetRef"]["name"]
+        == "qwen-auto-decode"
+    )
+    since, changes = len(cluster.audit_writes(METACONTROLLER_USER)), len(installed.driver.changes)
+    scaled = cluster.kubectl("scale", "-n", "autoscaled", "deployment", "qwen-auto-decode", "--replicas=3")
+    assert scaled.returncode == 0, scaled.stderr
+    eventually(
+        lambda: get(cluster, "-n", "autoscaled", "deployment", "qwen-auto-decode")["status"].get("readyReplicas") == 3,
+        "three decode pods",
+    )
+    time.sleep(5)
+    assert get(cluster, "-n", "autoscaled", "deployment", "qwen-auto-decode")["spec"]["replicas"] == 3
+    writes = [w for w in driver_writes(cluster, "autoscaled", since) if w[1] != "inferadeployments/status"]
+    assert writes == [("update", "deployments", "qwen-auto-decode")]
+    ((kind, name, patch),) = installed.driver.changes[changes:]
+    assert [(op["op"], op["path"]) for op in patch] == [
+        ("replace", "/metadata/annotations/" + LAST_APPLIED.replace("/", "~1"))
+    ]
+    assert json.loads(patch[0]["value"])["spec"]["replicas"] == 3

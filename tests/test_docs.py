@@ -17,6 +17,7 @@ from tests.support.docs import (
     README,
     commands,
     readme_curl,
+    readme_local_cluster,
     readme_overlay_script,
     readme_render,
     section,
@@ -106,7 +107,7 @@ def test_every_readme_command_runs_or_is_a_cluster_step() -> None:
     """Each command either runs in a test (or in CI), or is a cluster step whose files and
     objects exist: a new command must be run by a test or named a cluster step here."""
     kubectl = need_kubectl()
-    run_by_tests = {*setup_commands(), readme_curl(), readme_render(), readme_overlay_script()}
+    run_by_tests = {*setup_commands(), readme_curl(), readme_render(), readme_overlay_script(), *readme_local_cluster()}
     written = [c for block in shell_blocks(README.read_text()) for c in commands(block)]
     cluster_steps = [c for c in written if c not in run_by_tests]
     assert set(written) >= run_by_tests

@@ -3,7 +3,8 @@
 import time
 from typing import Any
 
-from tests.support.requests import PD, parent
+from tests.support.prerequisites import REPO
+from tests.support.requests import PD, controller, load_yaml, parent
 from tests.support.simulator import Metacontroller
 
 LONG_AGO = "2026-01-01T00:00:00Z"
@@ -186,3 +187,38 @@ def test_service_replicas_are_what_the_workload_has_now(hooks) -> None:
     mc.mark_ready()
     mc.converge()
     assert mc.parent["status"]["services"]["decode"] == {"kind": "Deployment", "replicas": 3, "readyReplicas": 3}
+
+
+def test_the_sync_that_starts_a_rollout_does_not_call_the_new_generation_ready(hooks) -> None:
+    """Its status is the first with the new observedGeneration, but the workloads it reads still
+    report the pods of the old template (the real control plane showed `kubectl wait` passing
+    on it)."""
+    mc = ready_graph(hooks)
+    mc.edit(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.2"))
+    mc.sync()
+    assert mc.parent["status"]["state"] == "pending"
+    assert mc.parent["status"]["message"] == (
+        "decode 0/1 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services"
+    )
+    assert conditions(mc.parent["status"])["Ready"]["status"] == "False"
+
+
+def test_a_switch_of_workload_kind_is_not_ready_on_the_old_kind(hooks) -> None:
+    mixed = parent(REPO / "examples" / "single-node-mixed.yaml")
+    (multinode,) = load_yaml(REPO / "examples" / "multinode-tp.yaml")
+    mc = Metacontroller(hooks, mixed, controller("lws"))
+    mc.converge()
+    mc.mark_ready()
+    mc.converge()
+    mc.edit(lambda spec: (spec.clear(), spec.update(multinode["spec"])))
+    assert ("create", "LeaderWorkerSet", "qwen-mixed-worker") in mc.sync()
+    assert mc.parent["status"]["state"] == "pending"
+    assert mc.parent["status"]["services"]["worker"]["kind"] == "Deployment"  # what still runs
+
+
+def test_a_replica_change_alone_keeps_a_ready_graph_ready(hooks) -> None:
+    mc = ready_graph(hooks)
+    mc.edit(lambda spec: spec["services"]["decode"].update(replicas=2))
+    assert mc.child_writes(mc.sync()) == [("update", "Deployment", "qwen-pd-decode")]
+    # The second decode pod is counted against the new count once its controller reports it.
+    assert mc.parent["status"]["message"] == "decode 1/2 ready; waiting on 1 of 3 services"

@@ -43,8 +43,9 @@ NODE_CAPACITY = {
     "amd.com/gpu": "8",
     "nvidia.com/gpu": "8",
 }
-# pd-1p1d-mooncake pins its pools to these hostnames.
-NODE_NAMES = ["gpu-node-a", "gpu-node-b", *(f"gpu-node-{index}" for index in range(1, 15))]
+# pd-1p1d-mooncake pins its pools to these hostnames. The scheduler spreads pods, so one-GPU
+# pods soon touch every node: enough nodes stay whole for the 8-GPU pods of multi-node pools.
+NODE_NAMES = ["gpu-node-a", "gpu-node-b", *(f"gpu-node-{index}" for index in range(1, 31))]
 
 
 @dataclass
@@ -64,7 +65,9 @@ class Cluster:
     def ca(self) -> str:
         return str(self.config["clusters"][0]["cluster"]["certificate-authority"])
 
-    def kubectl(self, *arguments: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *arguments: str, stdin: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         command = [str(programs()["kubectl"]), "--kubeconfig", str(self.kubeconfig), *arguments]
         return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
 
@@ -84,14 +87,35 @@ class Cluster:
         mounts into a pod that runs as it."""
         reply = self.admin().post(
             f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-            json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+            json={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600},
+            },
         )
         reply.raise_for_status()
         return str(reply.json()["status"]["token"])
 
     def apply(self, *documents: dict[str, Any]) -> None:
-        applied = self.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}))
+        applied = self.kubectl(
+            "apply",
+            "--server-side",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}),
+        )
         assert applied.returncode == 0, applied.stderr
+
+    def unready_pods(self, namespace: str) -> list[str]:
+        """Each pod of the namespace that does not run, with why (for a failure's message)."""
+        listed = self.kubectl("get", "pods", "-n", namespace, "-o", "json")
+        pods = json.loads(listed.stdout)["items"] if listed.returncode == 0 else []
+        return [
+            f"{pod['metadata']['name']}: {pod['status'].get('phase')} "
+            + "; ".join(c.get("message", "") for c in pod["status"].get("conditions", []) if c.get("status") != "True")
+            for pod in pods
+            if pod["status"].get("phase") != "Running"
+        ]
 
     def audit_writes(self, user: str) -> list[dict[str, Any]]:
         """Every completed write the audit log holds by `user`."""
@@ -107,7 +131,12 @@ def kwok_node(name: str) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "type": "kwok"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+            },
         },
         "status": {"capacity": NODE_CAPACITY, "allocatable": NODE_CAPACITY},
     }
@@ -149,7 +178,9 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _webhook(name: str, path: str, port: int, ca_bundle: str, group: str, resource: str, verbs: list[str]) -> dict[str, Any]:
+def _webhook(
+    name: str, path: str, port: int, ca_bundle: str, group: str, resource: str, verbs: list[str]
+) -> dict[str, Any]:
     hook: dict[str, Any] = {
         "name": name,
         "admissionReviewVersions": ["v1"],
@@ -160,7 +191,9 @@ def _webhook(name: str, path: str, port: int, ca_bundle: str, group: str, resour
     }
     if resource == "pods":
         # As LWS's own manifests restrict its Pod webhooks: only pods of a LeaderWorkerSet.
-        hook["objectSelector"] = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]}
+        hook["objectSelector"] = {
+            "matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]
+        }
     return hook
 
 

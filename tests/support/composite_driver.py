@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import jsonpatch
 
 from tests.support import apiserver
 from tests.support.requests import RESOURCE_KINDS, request_body
@@ -63,6 +64,8 @@ class CompositeDriver:
         self.controller_name = controller_name
         self.errors: list[str] = []
         self.writes: list[tuple[str, str, str]] = []  # (verb, kind, name), as the audit log has them
+        self.changes: list[tuple[str, str, list[dict[str, Any]]]] = []  # (kind, name, JSON patch) of each update
+        self.passes = 0  # completed passes over every parent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -83,7 +86,10 @@ class CompositeDriver:
     def _parents(self, composite: dict[str, Any]) -> list[dict[str, Any]]:
         parent = composite["spec"]["parentResource"]
         kind = self._checked(self.api.get(f"/apis/{parent['apiVersion']}/{parent['resource']}"))
-        return [{**item, "apiVersion": parent["apiVersion"], "kind": kind["kind"].removesuffix("List")} for item in kind["items"]]
+        return [
+            {**item, "apiVersion": parent["apiVersion"], "kind": kind["kind"].removesuffix("List")}
+            for item in kind["items"]
+        ]
 
     def sync_all(self) -> None:
         """One pass over every parent, as a resync does; errors are kept, not raised."""
@@ -95,6 +101,7 @@ class CompositeDriver:
                 continue
             except (RuntimeError, httpx.HTTPError) as error:
                 self.errors.append(f"{parent['metadata']['name']}: {error}")
+        self.passes += 1
 
     def sync(self, composite: dict[str, Any], parent: dict[str, Any]) -> None:
         metadata = parent["metadata"]
@@ -126,7 +133,9 @@ class CompositeDriver:
             kind = RESOURCE_KINDS[child_resource["resource"]]
             for item in listed["items"]:
                 child = {**item, "apiVersion": child_resource["apiVersion"], "kind": kind}
-                owner = next((ref for ref in child["metadata"].get("ownerReferences") or [] if ref.get("controller")), None)
+                owner = next(
+                    (ref for ref in child["metadata"].get("ownerReferences") or [] if ref.get("controller")), None
+                )
                 if owner is None and "deletionTimestamp" not in parent["metadata"]:
                     refs = [*(child["metadata"].get("ownerReferences") or []), self._owner_reference(parent)]
                     child = self._write("update", child, {**child["metadata"], "ownerReferences": refs})
@@ -164,7 +173,11 @@ class CompositeDriver:
     def _write(self, verb: str, obj: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
         updated = {**obj, "metadata": metadata}
         self.writes.append((verb, obj["kind"], metadata["name"]))
-        return {**self._checked(self.api.put(self._path(obj), json=updated)), "kind": obj["kind"], "apiVersion": obj["apiVersion"]}
+        return {
+            **self._checked(self.api.put(self._path(obj), json=updated)),
+            "kind": obj["kind"],
+            "apiVersion": obj["apiVersion"],
+        }
 
     def _apply(
         self,
@@ -197,6 +210,7 @@ class CompositeDriver:
             merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
             if not same(merged, existing):
                 self.writes.append(("update", *key))
+                self.changes.append((*key, jsonpatch.make_patch(existing, merged).patch))
                 reply = self.api.put(self._path(merged), json=merged)
                 if reply.status_code not in (404, 409):  # gone or changed since listed: next sync
                     self._checked(reply)

@@ -5,7 +5,7 @@ nothing vendored).
 
 They are built once per machine into .cache/controlplane/<key>/bin (gitignored), the key a
 digest of go.mod, go.sum, the programs and the Go version, so a version change builds afresh
-and a repeated run builds nothing. A cold build compiles Kubernetes on every core (about 12
+and a repeated run builds nothing. A cold build compiles Kubernetes on every core (about 8
 minutes on two), saying so on stderr; Go's own caches stay where Go keeps them.
 """
 
@@ -83,7 +83,7 @@ def programs() -> dict[str, Path]:
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     print(
-        f"building the control plane ({', '.join(PROGRAMS)}) into {bin_dir}: about 12 minutes on two cores "
+        f"building the control plane ({', '.join(PROGRAMS)}) into {bin_dir}: about 8 minutes on two cores "
         "when Go's build cache is cold",
         file=sys.stderr,
         flush=True,

@@ -73,3 +73,12 @@ def readme_render() -> str:
 def readme_overlay_script() -> str:
     """The command that writes the README's overlay beside the clone."""
     return readme_command("mkdir -p ../infera-install")
+
+
+def readme_local_cluster() -> tuple[str, str]:
+    """The README's commands that bring a local control plane up and tear it down."""
+    (up,) = [c for block in shell_blocks(README.read_text()) for c in commands(block) if c.endswith("localcluster up")]
+    (down,) = [
+        c for block in shell_blocks(README.read_text()) for c in commands(block) if c.endswith("localcluster down")
+    ]
+    return up, down
