@@ -5,8 +5,8 @@ So nothing here depends on dict order, and the clock is read only when a conditi
 changes status; otherwise its lastTransitionTime is carried over from the parent's status.
 """
 
-import functools
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -141,13 +141,28 @@ def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], ob
     return sorted(changing)
 
 
-@functools.lru_cache(maxsize=256)
+# Verdicts of _changes_workload by their inputs' hashes: every sync brings the same pairs again
+# and parsing them costs a quarter of a sync, hashing them next to nothing (an answer's bytes
+# come from the render memo with their hash cached); a fleet's worth fits in a few megabytes.
+# Two pairs whose 64-bit hashes and lengths all collide would share a verdict for a sync.
+VERDICTS_KEPT = 16384
+_verdicts: OrderedDict[tuple[int, int, int, int], bool] = OrderedDict()
+
+
 def _changes_workload(recorded: str, body: bytes) -> bool:
     """Whether applying `body` over a workload last applied as `recorded` changes more than its
-    replicas. Every sync brings the same pairs again, and parsing them costs more than the rest
-    of the roll-up."""
-    applied = parse_recorded(recorded)
-    return applied is not None and _as_compared(applied) != _as_compared(json.loads(body))
+    replicas."""
+    key = (hash(recorded), len(recorded), hash(body), len(body))
+    verdict = _verdicts.get(key)
+    if verdict is None:
+        applied = parse_recorded(recorded)
+        verdict = applied is not None and _as_compared(applied) != _as_compared(json.loads(body))
+        _verdicts[key] = verdict
+        if len(_verdicts) > VERDICTS_KEPT:
+            _verdicts.popitem(last=False)
+    else:
+        _verdicts.move_to_end(key)
+    return verdict
 
 
 def _as_compared(workload: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ the previous status and a clock. The HTTP tests (test_status.py) drive it throug
 these pin the branches a converging cluster rarely shows."""
 
 import copy
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,7 +11,8 @@ import pytest
 
 from hooks import status
 from hooks.api import InferaDeployment
-from hooks.contract import child_key
+from hooks.contract import LAST_APPLIED_ANNOTATION, child_key
+from hooks.encoding import EncodedChild
 from hooks.reconcile import render_children
 from tests.support.prerequisites import REPO
 from tests.support.requests import load_yaml, parent
@@ -209,3 +211,57 @@ def test_a_carried_over_condition_that_no_longer_fits_the_crd_is_dropped() -> No
     previous = {"conditions": [{"type": "ChildKindsRegistered", "status": "Maybe"}, "not a condition"]}
     rolled = status.as_wire(status.failed("bad", 1, previous, clock))
     assert [c["type"] for c in rolled["conditions"]] == ["Ready", "SpecValid"]
+
+
+def recorded(
+    observed: list[dict[str, Any]], namespace: str = "ml", uid: str = "7b1c2d3e"
+) -> dict[tuple[str, str], dict]:
+    """The observed children with the last-applied record Metacontroller writes: each as
+    answered, with the namespace and its controller-uid label stamped on."""
+    by_key = {}
+    for child in observed:
+        applied = {k: v for k, v in copy.deepcopy(child).items() if k != "status"}
+        applied["metadata"]["namespace"] = namespace
+        applied["metadata"].setdefault("labels", {})["controller-uid"] = uid
+        applied["metadata"].pop("generation", None)
+        child = copy.deepcopy(child)
+        child["metadata"].setdefault("annotations", {})[LAST_APPLIED_ANNOTATION] = json.dumps(applied)
+        by_key[child_key(child)] = child
+    return by_key
+
+
+def with_spec(change: Any) -> InferaDeployment:
+    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
+    change(obj["spec"])
+    return InferaDeployment.from_parent(obj)
+
+
+def answer(idep: InferaDeployment) -> list[EncodedChild]:
+    return [EncodedChild.of(child) for child in render_children(idep)]
+
+
+def test_services_changing_are_those_whose_workload_the_answer_changes_beyond_replicas() -> None:
+    observed = recorded(converged(PD))
+    assert status.services_changing(PD, answer(PD), observed) == []
+    # Replicas alone: an autoscaler's or a scale's doing, counted against the new count instead.
+    scaled = with_spec(lambda spec: spec["services"]["decode"].update(replicas=3))
+    assert status.services_changing(scaled, answer(scaled), observed) == []
+    # A new image is a new template for every pod; a workload the answer creates is new too.
+    moved = with_spec(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.2"))
+    assert status.services_changing(moved, answer(moved), observed) == ["decode", "prefill", "server"]
+    del observed[("Deployment", "qwen-pd-decode")]
+    assert status.services_changing(PD, answer(PD), observed) == ["decode"]
+    # Without a record (a workload adopted from elsewhere) nothing says it changes.
+    bare = {
+        key: {**child, "metadata": {k: v for k, v in child["metadata"].items() if k != "annotations"}}
+        for key, child in observed.items()
+    }
+    assert status.services_changing(PD, answer(PD), bare) == ["decode"]
+
+
+def test_the_verdicts_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status, "VERDICTS_KEPT", 4)
+    status._verdicts.clear()
+    for index in range(10):
+        status._changes_workload(json.dumps({"spec": {"replicas": index}}), b'{"spec": {}}')
+    assert len(status._verdicts) == 4
