@@ -34,8 +34,10 @@ def test_etcd_is_the_release_kubernetes_uses() -> None:
     assert version_of("etcd", "--version").splitlines()[0] == "etcd Version: 3.6.8"
 
 
-def kubectl_run(kubectl: list[str], *arguments: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*kubectl, *arguments], input=stdin, capture_output=True, text=True, timeout=60)
+def kubectl_run(
+    kubectl: list[str], *arguments: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*kubectl, *arguments], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -65,12 +67,8 @@ def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -
         subprocess.run(
             [*kubectl, "apply", "--server-side", "-f", str(crd)], check=True, capture_output=True, timeout=60
         )
-        waited = subprocess.run(
-            [*kubectl, "wait", "--for=condition=Established", "crd/inferadeployments.infera.amd.com", "--timeout=60s"],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
+        established = "crd/inferadeployments.infera.amd.com"
+        waited = kubectl_run(kubectl, "wait", "--for=condition=Established", established, "--timeout=60s", timeout=90)
         assert waited.returncode == 0, waited.stderr
         # The API server publishes an established CRD's OpenAPI schema a moment later.
         deadline = time.monotonic() + 60
@@ -135,12 +133,7 @@ def test_one_command_brings_up_a_cluster_a_person_can_try_and_one_tears_it_down(
         kubectl = [str(programs()["kubectl"]), "--kubeconfig", kubeconfig]
         applied = kubectl_run(kubectl, "apply", "-f", str(REPO / "examples" / "pd-disaggregated.yaml"))
         assert applied.returncode == 0, applied.stderr
-        waited = subprocess.run(
-            [*kubectl, "wait", "--for=condition=Ready", "idep/qwen-pd", "--timeout=180s"],
-            capture_output=True,
-            text=True,
-            timeout=200,
-        )
+        waited = kubectl_run(kubectl, "wait", "--for=condition=Ready", "idep/qwen-pd", "--timeout=180s", timeout=200)
         assert waited.returncode == 0, waited.stderr
         assert kubectl_run(kubectl, "get", "idep").stdout.splitlines()[1].split()[:3] == ["qwen-pd", "sglang", "ready"]
     finally:
