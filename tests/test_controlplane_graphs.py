@@ -12,6 +12,7 @@ import asyncio
 import copy
 import importlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -23,10 +24,14 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tests.e2e import sandbox
+from tests.e2e.graphs import mixed
+from tests.e2e.tokenizer import build_tokenizer
+from tests.support import kubelet
 from tests.support.cluster import NODE_NAMES, Cluster
 from tests.support.composite_driver import LAST_APPLIED, RESOURCES
 from tests.support.localcluster import CONTROLLER, METACONTROLLER_USER, Installed, installed_bundle
-from tests.support.prerequisites import REPO, need_runtime, need_schemas
+from tests.support.prerequisites import REPO, SHARED, need_runtime, need_schemas
 from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
@@ -424,6 +429,100 @@ def test_the_runtimes_worker_registers_and_its_router_discovers_it_under_the_ren
     assert [can_i("qwen-pd-register", "patch", "pods"), can_i("qwen-pd-register", "list", "pods")] == ["yes", "no"]
     assert [can_i("qwen-pd-disc", "watch", "pods"), can_i("qwen-pd-disc", "patch", "pods")] == ["yes", "no"]
     assert can_i("qwen-pd-disc", "get", "secrets") == "no"
+
+
+def pods_by_workload(cluster: Cluster, namespace: str) -> dict[str, list[str]]:
+    """The names of each workload's pods (by kind/name, a Deployment's through its ReplicaSets),
+    as its controller made them."""
+    deployment_of = {
+        rs["metadata"]["name"]: rs["metadata"]["ownerReferences"][0]["name"]
+        for rs in get(cluster, "-n", namespace, "replicasets")["items"]
+    }
+    named: dict[str, list[str]] = {}
+    for pod in get(cluster, "-n", namespace, "pods")["items"]:
+        owner = pod["metadata"]["ownerReferences"][0]
+        workload = (
+            f"Deployment/{deployment_of[owner['name']]}"
+            if owner["kind"] == "ReplicaSet"
+            else f"{owner['kind']}/{owner['name']}"
+        )
+        named.setdefault(workload, []).append(pod["metadata"]["name"])
+    return {workload: sorted(names) for workload, names in named.items()}
+
+
+def test_the_rendered_graph_serves_a_chat_completion_with_discovery_through_the_real_api_server(
+    installed: Installed,
+) -> None:
+    """The data-plane sandbox (tests/e2e/sandbox.py: the runtime's real router and worker
+    wrapper, a real NATS, the stand-in engine) runs the graph the controllers made here: its
+    pods under the names the real Pods have, each container holding a TokenRequest token of its
+    pod's ServiceAccount, the API server reached through a relay that passes TLS through. The
+    worker registers by patching its own Pod, the router finds it with a watch and serves a
+    chat completion; the audit log shows what the graph's accounts wrote, and the Pod keeps the
+    record."""
+    sandbox.need_sandbox()
+    cluster, namespace = installed.cluster, "dataplane"
+    assert cluster.kubectl("create", "namespace", namespace).returncode == 0
+    with sandbox.workdir() as workdir:
+        idep = {
+            "apiVersion": "infera.amd.com/v1alpha1",
+            "kind": "InferaDeployment",
+            "metadata": {"name": "e2e", "namespace": namespace},
+            "spec": {"image": "rocm/infera:v0.2.10", **mixed(build_tokenizer(workdir / "model"))},
+        }
+        cluster.apply(idep)
+        waited = cluster.kubectl(
+            "wait", "-n", namespace, "--for=condition=Ready", "idep/e2e", "--timeout=180s", timeout=200
+        )
+        assert waited.returncode == 0, (waited.stderr, cluster.unready_pods(namespace))
+        live = get(cluster, "-n", namespace, "idep", "e2e")
+        pods = get(cluster, "-n", namespace, "pods")["items"]
+        accounts = sorted({pod["spec"]["serviceAccountName"] for pod in pods})
+        api_socket = workdir / "api.sock"
+        address = urlsplit(cluster.server)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(api_socket))
+            listener.listen()
+            sandbox.serve_relay(listener, lambda: socket.create_connection((address.hostname, address.port)))
+            (workdir / "graph.json").write_text(
+                json.dumps(
+                    {
+                        "idep": live,
+                        "children": children(cluster, namespace, live["metadata"]["uid"]),
+                        "scenario": "serves_and_routes_by_prefix",
+                        "shared": str(SHARED.resolve()),
+                        "api": {
+                            "socket": str(api_socket),
+                            "ca": Path(cluster.ca).read_text(),
+                            "tokens": {account: cluster.token(namespace, account) for account in accounts},
+                            "pod_names": pods_by_workload(cluster, namespace),
+                        },
+                    }
+                )
+            )
+            result = sandbox.run(workdir, sandbox.SCENARIO_TIMEOUT)
+    assert result.returncode == 0, f"{result.stdout[-20000:]}\n{result.stderr[-5000:]}"
+    (worker,) = [pod for pod in pods if pod["metadata"]["labels"]["infera.amd.com/service"] == "worker"]
+    record = json.loads(
+        get(cluster, "-n", namespace, "pod", worker["metadata"]["name"])["metadata"]["annotations"][
+            "infera.amd.com/worker-info"
+        ]
+    )
+    assert record["url"].startswith(f"http://{kubelet.POD_NETWORK}.")
+    writes = {
+        (event["user"]["username"], event["verb"], event["objectRef"]["resource"], event["objectRef"].get("name"))
+        for event in (json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line)
+        if event["stage"] == "ResponseComplete"
+        and event["user"]["username"].startswith(f"system:serviceaccount:{namespace}:")
+    }
+    assert writes == {
+        (
+            f"system:serviceaccount:{namespace}:{worker['spec']['serviceAccountName']}",
+            "patch",
+            "pods",
+            worker["metadata"]["name"],
+        )
+    }
 
 
 async def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:

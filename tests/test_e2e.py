@@ -5,7 +5,6 @@ asserts what a user would (tests/e2e/scenarios.py)."""
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -14,66 +13,17 @@ from typing import Any
 import pytest
 
 from tests.e2e import sandbox
-from tests.e2e.scenarios import MODEL, PAGE_SIZE
+from tests.e2e.graphs import mixed, pd, worker
 from tests.e2e.tokenizer import build_tokenizer
-from tests.support.prerequisites import SHARED, need, need_runtime, need_schemas
+from tests.support.prerequisites import SHARED, need_schemas
 from tests.support.requests import controller_for, parent, request_body
-
-SCENARIO_TIMEOUT = 150
-
-
-def need_sandbox() -> None:
-    need_runtime()
-    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
-    need(not missing, f"{', '.join(missing)} not on PATH (util-linux, iproute2)")
-    probe = subprocess.run(
-        [
-            *sandbox.UNSHARE,
-            "sh",
-            "-c",
-            "ip link add probe0 type bridge && ip link add probe1 type veth peer name probe2",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    need(
-        probe.returncode == 0,
-        "user, mount, network and PID namespaces with bridges and veth pairs are not "
-        f"available here: {probe.stderr.strip()}",
-    )
-
-
-def server(model: Path, *args: str) -> dict[str, Any]:
-    return {"componentType": "server", "args": ["--router-tokenizer-path", str(model), *args]}
-
-
-def worker(model: Path, role: str = "mixed", *args: str) -> dict[str, Any]:
-    flags = ["--model-path", str(model), "--served-model-name", MODEL, "--page-size", str(PAGE_SIZE)]
-    if role != "mixed":
-        flags += ["--disaggregation-transfer-backend", "mori"]
-    return {"componentType": "worker", "role": role, "args": [*flags, *args]}
-
-
-def mixed(model: Path) -> dict[str, Any]:
-    return {"services": {"server": server(model), "worker": worker(model)}}
-
-
-def pd(model: Path) -> dict[str, Any]:
-    return {
-        "services": {
-            "server": server(model),
-            "prefill": worker(model, "prefill"),
-            "decode": worker(model, "decode"),
-            "mixed": worker(model),
-        }
-    }
 
 
 def run_scenario(
     hooks, scenario: str, spec: Callable[[Path], dict[str, Any]], env: dict[str, str] | None = None
 ) -> str:
     """Render the spec through the hook, run the scenario on what it rendered, return its output."""
-    need_sandbox()
+    sandbox.need_sandbox()
     need_schemas()
     with sandbox.workdir() as workdir:
         model = build_tokenizer(workdir / "model")
@@ -98,13 +48,13 @@ def run_scenario(
             )
         )
         try:
-            result = sandbox.run(workdir, SCENARIO_TIMEOUT, env={**os.environ, **(env or {})})
+            result = sandbox.run(workdir, sandbox.SCENARIO_TIMEOUT, env={**os.environ, **(env or {})})
         except subprocess.TimeoutExpired:
             logs = "\n".join(
                 f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
                 for log in sorted((workdir / "logs").glob("*.log"))
             )
-            pytest.fail(f"the sandbox did not end within {SCENARIO_TIMEOUT} s\n{logs}")
+            pytest.fail(f"the sandbox did not end within {sandbox.SCENARIO_TIMEOUT} s\n{logs}")
     assert result.returncode == 0, f"{result.stdout[-20000:]}\n{result.stderr[-5000:]}"
     print(result.stdout)
     return result.stdout

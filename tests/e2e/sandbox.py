@@ -7,12 +7,15 @@ there. What a cluster provides is rebuilt as small as it can be and as faithful 
 - **Pod network.** Every pod gets its own network namespace with an address on a bridge
   (10.42.0.0/24), as a CNI would: pods may all listen on 0.0.0.0 and the same port, as the
   rendered commands do. The "node" (this process) is 10.42.0.1 and runs the cluster services:
-  a fake Kubernetes API server (tests/e2e/kube_api.py) or an etcd.
+  a fake Kubernetes API server (tests/e2e/kube_api.py), an etcd, or a relay to a real
+  kube-apiserver outside (`graph.json`'s `api`: a Unix socket, which no network namespace
+  hides; TLS passes through, so pods verify the real server's certificate).
 - **Files.** The sandbox runs in a root of its own (a tmpfs of bind mounts of the machine's
   directories, then `chroot`), so it can give every process the cluster's `/etc/hosts` (Service
-  names and the LeaderWorkerSet leader address resolve to pod IPs), the service-account token
-  at `/var/run/secrets/kubernetes.io/serviceaccount`, and volumes at their mount paths (the NATS
-  claim at `/data`) without touching the machine.
+  names and the LeaderWorkerSet leader address resolve to pod IPs) and volumes at their mount
+  paths (the NATS claim at `/data`) without touching the machine. Each container has a mount
+  namespace of its own, with its pod's ServiceAccount token at
+  `/var/run/secrets/kubernetes.io/serviceaccount`.
 - **Containers as kubelet starts them.** The command and args of each container, with `$(VAR)`
   expanded and the downward API resolved (tests/support/kubelet.py), run unedited in the pod's network
   and in a PID namespace of their own (the command is PID 1, as in a container). The image is
@@ -31,6 +34,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,15 +50,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import kubelet
+from tests.support.prerequisites import need, need_runtime
 
 REPO = Path(__file__).resolve().parents[2]
-NODE_IP = "10.42.0.1"
+NODE_IP = kubelet.NODE_IP
 SUBNET_BITS = 24
 API_PORT = 6443
 ETCD_PORT = 2379
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN = "e2e-service-account-token"
 LOG_TAIL_LINES = 40
+SCENARIO_TIMEOUT = 150
 
 # A machine of its own: user (as root inside), mount, network and PID namespaces.
 UNSHARE = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
@@ -157,6 +163,10 @@ class Container:
         return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
+def account_name(pod: "Pod") -> str:
+    return str(pod.pod.spec.get("serviceAccountName") or "default")
+
+
 @dataclass
 class Pod:
     """One pod: a network namespace held by a sleeping process, and its containers."""
@@ -199,6 +209,9 @@ class Cluster:
         self.namespace = self.idep["metadata"]["namespace"]
         self.spec = self.idep["spec"]
         self.shared = Path(graph["shared"])
+        # A real API server's: its Unix socket, CA, a token per ServiceAccount, the names its
+        # controllers gave each workload's pods (by kind/name of the workload).
+        self.api: dict[str, Any] | None = graph.get("api")
         self.by_key = {(c["kind"], c["metadata"]["name"]): c for c in self.children}
         self.pods: dict[str, Pod] = {}
         self.kube: Any = None
@@ -225,10 +238,10 @@ class Cluster:
                 services |= kubelet.service_env(
                     child["metadata"]["name"], backends[child["metadata"]["name"]], child["spec"]["ports"]
                 )
+        real_names = {owner: iter(names) for owner, names in (self.api or {}).get("pod_names", {}).items()}
         for index, pod in enumerate(planned):
-            facts = kubelet.PodFacts(
-                pod.facts.name, pod.facts.namespace, pod.facts.ip, lws=pod.facts.lws, services=services
-            )
+            name = next(real_names[pod.owner]) if pod.owner in real_names else pod.facts.name
+            facts = kubelet.PodFacts(name, pod.facts.namespace, pod.facts.ip, lws=pod.facts.lws, services=services)
             self.pods[facts.name] = Pod(kubelet.Pod(pod.owner, pod.template, facts), index)
 
     def service_backends(self, pods: list[kubelet.Pod]) -> dict[str, kubelet.Pod]:
@@ -281,9 +294,8 @@ class Cluster:
         files = self.workdir / "files"
         files.mkdir()
         (files / "hosts").write_text(self.hosts())
-        account = files / "serviceaccount"
-        account.mkdir()
-        mounts = {"/etc/hosts": files / "hosts", SERVICE_ACCOUNT_DIR: account}
+        self.accounts.mkdir()
+        mounts = {"/etc/hosts": files / "hosts"}
         nats_data = self.workdir / "volumes" / "nats-data"
         nats_data.mkdir(parents=True)
         mounts["/data"] = nats_data  # the NATS StatefulSet's claim
@@ -292,14 +304,38 @@ class Cluster:
         build_root(root, mounts)
         os.chroot(root)
         os.chdir("/")
+        os.makedirs(SERVICE_ACCOUNT_DIR)
         (self.workdir / "home").mkdir(exist_ok=True)
         if self.spec.get("discoveryBackend") == "etcd":
             self.start_etcd()
+        elif self.api is not None:
+            api_socket = self.api["socket"]
+            listener = socket.create_server((NODE_IP, API_PORT))
+            serve_relay(listener, lambda: unix_connection(api_socket))
+            for account, token in self.api["tokens"].items():
+                directory = self.accounts / account
+                directory.mkdir()
+                (directory / "token").write_text(token)
+                (directory / "ca.crt").write_text(self.api["ca"])
+                (directory / "namespace").write_text(self.namespace)
         else:
             from tests.e2e.kube_api import KubeAPI
 
             self.kube = KubeAPI(NODE_IP, API_PORT, token=TOKEN)
-            self.kube.write_service_account(account, namespace=self.namespace)
+            for account in {account_name(pod) for pod in self.pods.values()}:
+                self.kube.write_service_account(self.accounts / account, namespace=self.namespace)
+
+    @property
+    def accounts(self) -> Path:
+        """A directory per ServiceAccount: what kubelet mounts into a pod that runs as it."""
+        return self.workdir / "files" / "serviceaccounts"
+
+    def token_dir(self, pod: Pod) -> Path | None:
+        """The token kubelet mounts into the pod: none with automountServiceAccountToken false,
+        nor under etcd discovery, where the sandbox has no API server."""
+        directory = self.accounts / account_name(pod)
+        mounted = pod.pod.spec.get("automountServiceAccountToken") is not False
+        return directory if mounted and directory.is_dir() else None
 
     def start_etcd(self) -> None:
         data = self.workdir / "etcd"
@@ -346,6 +382,15 @@ class Cluster:
         unsupported += [f"{c['name']}.envFrom" for c in pod.pod.spec["containers"] if c.get("envFrom")]
         if unsupported:
             raise AssertionError(f"{pod.name}: the sandbox does not run {', '.join(unsupported)}")
+        # The container's own mount namespace, with the pod's token where kubelet mounts it;
+        # `exec` keeps the command PID 1.
+        token_dir = self.token_dir(pod)
+        mount_token = (
+            ["sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "mount-token"]
+            + [str(token_dir), SERVICE_ACCOUNT_DIR]
+            if token_dir is not None
+            else []
+        )
         for spec in pod.pod.spec["containers"]:
             given = kubelet.container_env(spec, pod.pod.facts, pod.labels)
             container = Container(
@@ -358,7 +403,17 @@ class Cluster:
             container.log.parent.mkdir(exist_ok=True)
             with container.log.open("wb") as log:
                 container.process = subprocess.Popen(
-                    [*inside, "unshare", "--pid", "--fork", "--kill-child", "--", *container.argv],
+                    [
+                        *inside,
+                        "unshare",
+                        "--pid",
+                        "--fork",
+                        "--kill-child",
+                        "--mount",
+                        "--",
+                        *mount_token,
+                        *container.argv,
+                    ],
                     env=container.env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -518,6 +573,38 @@ class Cluster:
         return f"http://{self.name}-{service}:{svc['spec']['ports'][0]['port']}"
 
 
+def unix_connection(path: str) -> socket.socket:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(path)
+    return connection
+
+
+def serve_relay(listener: socket.socket, connect: Any) -> None:
+    """Every connection `listener` accepts, joined byte for byte to a new one from `connect()`
+    until either side closes (a watch stays open as long as its client keeps it)."""
+
+    def copy(source: socket.socket, target: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                target.sendall(data)
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
+
+    def join(accepted: socket.socket) -> None:
+        with accepted, contextlib.suppress(OSError), connect() as far:
+            back = threading.Thread(target=copy, args=(far, accepted), daemon=True)
+            back.start()
+            copy(accepted, far)
+            back.join()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                threading.Thread(target=join, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
 def http_ok(url: str) -> bool:
     with contextlib.suppress(OSError):
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -536,6 +623,29 @@ def grpc_serving(host: str, port: int, service: str) -> bool:
 
 
 # --- running a scenario -----------------------------------------------------------------------
+
+
+def need_sandbox() -> None:
+    """Skip (or, under INFERA_REQUIRE_ALL, fail) where the sandbox cannot run: the runtime, the
+    tools and the namespaces it needs."""
+    need_runtime()
+    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    need(not missing, f"{', '.join(missing)} not on PATH (util-linux, iproute2)")
+    probe = subprocess.run(
+        [
+            *UNSHARE,
+            "sh",
+            "-c",
+            "ip link add probe0 type bridge && ip link add probe1 type veth peer name probe2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    need(
+        probe.returncode == 0,
+        "user, mount, network and PID namespaces with bridges and veth pairs are not "
+        f"available here: {probe.stderr.strip()}",
+    )
 
 
 class Deadline(Exception):

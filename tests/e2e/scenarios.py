@@ -12,10 +12,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tests.e2e.graphs import MODEL, PAGE_SIZE
 from tests.e2e.sandbox import Cluster, Pod, wait_until
 
-MODEL = "tiny"
-PAGE_SIZE = 4  # the workers' --page-size: the engine's KV block, the router's hash block
 # Long enough to fill many 4-token pages, so a repeat is a prefix-cache hit.
 PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
 WORKER_INFO = "infera.amd.com/worker-info"

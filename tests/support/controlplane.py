@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support import kubelet
 from tests.support.prerequisites import REPO, need
 
 TOOLS = REPO / "tests" / "controlplane"
@@ -125,6 +126,8 @@ def running_cluster(workdir: Path, name: str = "infera-test", audit_policy: Path
         "kubeVersion": KUBERNETES_VERSION,
         "etcdVersion": "3.6.8",
         "bindAddress": "127.0.0.1",  # kwokctl's default binds every interface
+        # Where the data-plane sandbox's pods reach the API server, through its relay.
+        "kubeApiserverCertSANs": [kubelet.NODE_IP],
         "kubeApiserverBinary": str(paths["kube-apiserver"]),
         "kubeControllerManagerBinary": str(paths["kube-controller-manager"]),
         "kubeSchedulerBinary": str(paths["kube-scheduler"]),

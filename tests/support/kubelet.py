@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
+# The node of the data-plane sandbox (tests/e2e/sandbox.py) on its pod network, where pods reach
+# the cluster's services; pods are numbered from .10 up.
+NODE_IP = "10.42.0.1"
+POD_NETWORK = "10.42.0"
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -162,7 +166,7 @@ def pods(children: list[dict[str, Any]], namespace: str) -> list[Pod]:
     found: list[Pod] = []
 
     def add(owner: str, template: dict[str, Any], name: str, lws: dict[str, str] | None = None) -> None:
-        facts = PodFacts(name=name, namespace=namespace, ip=f"10.42.0.{len(found) + 10}", lws=lws or {})
+        facts = PodFacts(name=name, namespace=namespace, ip=f"{POD_NETWORK}.{len(found) + 10}", lws=lws or {})
         found.append(Pod(owner, template, facts))
 
     for child in children:
