@@ -211,12 +211,30 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(installed
     assert set(simulated.children) == {(c["kind"], c["metadata"]["name"]) for c in owned}
     assert comparable(parent["status"]) == comparable(simulated.parent["status"])
 
+    # An autoscaler reports on its first evaluation, up to 15 s after it was created, and the
+    # graph's status quotes what keeps it from scaling: a change in the world, which the steady
+    # state comes after.
+    for autoscaler in get(cluster, "-n", namespace, "hpa")["items"]:
+        hpa = autoscaler["metadata"]["name"]
+        eventually(
+            lambda hpa=hpa: get(cluster, "-n", namespace, "hpa", hpa).get("status", {}).get("conditions"),
+            f"{hpa}'s first report",
+            timeout=60,
+        )
+        passes = driver.passes
+        eventually(lambda passes=passes: driver.passes >= passes + 2, "two passes that read it")
+
     # Steady state: the driver syncs every graph each second; over ten seconds Metacontroller's
     # identity writes nothing to any object of this namespace.
     before = len(cluster.audit_writes(METACONTROLLER_USER))
     time.sleep(10)
     writes = [
-        (event["verb"], event["objectRef"]["resource"], event["objectRef"].get("name"))
+        (
+            event["verb"],
+            event["objectRef"]["resource"],
+            event["objectRef"].get("subresource"),
+            event["objectRef"].get("name"),
+        )
         for event in cluster.audit_writes(METACONTROLLER_USER)[before:]
         if event["objectRef"].get("namespace") == namespace
     ]

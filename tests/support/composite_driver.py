@@ -250,6 +250,8 @@ class CompositeDriver:
             while not self._stop.wait(interval):
                 try:
                     self.sync_all()
+                except Retry:  # reading the controller or the parents: the next pass reads again
+                    continue
                 except (RuntimeError, httpx.HTTPError) as error:
                     self.errors.append(str(error))
 

@@ -1,8 +1,9 @@
 """The bundle on a loopback cluster, as a person would run it: `kubectl apply -k` of a test
 overlay, `infera-hooks serve` on loopback, and Metacontroller's part played by the stand-in
-driver (tests/support/composite_driver.py).
+driver (tests/support/composite_driver.py), or by a Metacontroller binary of your own.
 
     python -m tests.support.localcluster up     # prints the KUBECONFIG; Ctrl-C tears it down
+    python -m tests.support.localcluster up --metacontroller PATH   # the real one instead
     python -m tests.support.localcluster down   # tears down the one `up` started, from elsewhere
 """
 
@@ -10,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,7 +37,7 @@ WORKDIR = Path(os.environ.get("INFERA_LOCALCLUSTER_DIR", REPO / ".cache" / "loca
 @dataclass
 class Installed:
     cluster: Cluster
-    driver: CompositeDriver
+    driver: CompositeDriver | None  # None when a real Metacontroller runs
     hooks_url: str
 
 
@@ -89,10 +91,53 @@ def _succeeded(cluster: Cluster, *arguments: str) -> None:
 
 
 @contextmanager
-def installed_bundle(workdir: Path, schemas: Path) -> Iterator[Installed]:
+def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Iterator[None]:
+    """Metacontroller itself, as its production manifest runs it, with its ServiceAccount's
+    token; its log in `workdir`."""
+    kubeconfig = workdir / "metacontroller-kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "local", "cluster": {"server": cluster.server, "certificate-authority": cluster.ca}}
+                ],
+                "users": [
+                    {"name": "metacontroller", "user": {"token": cluster.token("metacontroller", "metacontroller")}}
+                ],
+                "contexts": [{"name": "local", "context": {"cluster": "local", "user": "metacontroller"}}],
+                "current-context": "local",
+            }
+        )
+    )
+    with (workdir / "metacontroller.log").open("wb") as log:
+        process = subprocess.Popen(
+            [
+                str(binary),
+                f"--kubeconfig={kubeconfig}",
+                "--zap-log-level=4",
+                "--discovery-interval=20s",
+                # Loopback, on ports of the kernel's choosing: nothing here scrapes them.
+                "--metrics-address=127.0.0.1:0",
+                "--health-probe-bind-address=127.0.0.1:0",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@contextmanager
+def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None = None) -> Iterator[Installed]:
     """A loopback cluster with kwok GPU nodes and the LeaderWorkerSet controller, the Gateway
     API, Inference Extension and Metacontroller CRDs from `schemas`, and the bundle installed
-    through the test overlay, its hooks served and driven."""
+    through the test overlay, its hooks served and driven: by the `metacontroller` binary if
+    given, else by the stand-in driver."""
     with (
         running_cluster_with_nodes(workdir) as cluster,
         running_lws(cluster, workdir),
@@ -103,6 +148,10 @@ def installed_bundle(workdir: Path, schemas: Path) -> Iterator[Installed]:
         cluster.apply(*metacontroller_identity())
         _succeeded(cluster, "apply", "-k", str(overlay(workdir / "overlay", hooks.url)))
         _succeeded(cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        if metacontroller is not None:
+            with running_metacontroller(cluster, metacontroller, workdir):
+                yield Installed(cluster, None, hooks.url)
+            return
         driver = CompositeDriver(cluster.as_token(cluster.token("metacontroller", "metacontroller")), CONTROLLER)
         driver.start(interval=1.0)
         try:
@@ -111,7 +160,7 @@ def installed_bundle(workdir: Path, schemas: Path) -> Iterator[Installed]:
             driver.stop()
 
 
-def up() -> int:
+def up(metacontroller: Path | None) -> int:
     if (WORKDIR / "pid").exists():
         print(
             f"already up (pid {(WORKDIR / 'pid').read_text()}): python -m tests.support.localcluster down",
@@ -126,18 +175,19 @@ def up() -> int:
     signal.signal(signal.SIGINT, lambda *_: stopped.set())
     (WORKDIR / "pid").write_text(str(os.getpid()))
     try:
-        with installed_bundle(workdir, need_schemas()) as installed:
+        with installed_bundle(workdir, need_schemas(), metacontroller) as installed:
             print(f"export KUBECONFIG={installed.cluster.kubeconfig}", flush=True)
             print(
                 "then: kubectl apply -f examples/pd-disaggregated.yaml && kubectl get idep -w\n"
-                f"(hook log: {workdir}; Ctrl-C, or `python -m tests.support.localcluster down`, tears it down)",
+                f"(logs: {workdir}; Ctrl-C, or `python -m tests.support.localcluster down`, tears it down)",
                 file=sys.stderr,
                 flush=True,
             )
+            errors = installed.driver.errors if installed.driver else []  # the driver appends to it
             while not stopped.wait(5):
-                for error in installed.driver.errors:
+                for error in errors:
                     print(f"driver: {error}", file=sys.stderr, flush=True)
-                installed.driver.errors.clear()
+                errors.clear()
     finally:
         (WORKDIR / "pid").unlink(missing_ok=True)
     print("torn down", file=sys.stderr)
@@ -163,7 +213,15 @@ def down() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.localcluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down"])
-    return up() if parser.parse_args().command == "up" else down()
+    parser.add_argument(
+        "--metacontroller",
+        type=Path,
+        metavar="PATH",
+        help="a Metacontroller binary to run instead of the stand-in driver (build it from the "
+        "v4.17.2 tag of github.com/metacontroller/metacontroller: go build ./pkg/cmd/metacontroller)",
+    )
+    arguments = parser.parse_args()
+    return up(arguments.metacontroller) if arguments.command == "up" else down()
 
 
 if __name__ == "__main__":
