@@ -169,6 +169,7 @@ def test_the_claim_and_the_job_as_rendered(hooks) -> None:
     assert job["spec"]["backoffLimit"] == 4 and "ttlSecondsAfterFinished" not in job["spec"]
     pod = job["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False  # a download never calls the API server
     (container,) = pod["containers"]
     assert container["image"] == "rocm/infera:sglang-v0.1.1"
     assert container["securityContext"] == {

@@ -92,10 +92,26 @@ def test_kubernetes_discovery_grants_exactly_what_the_runtime_uses() -> None:
 
 def test_etcd_discovery_renders_no_identity() -> None:
     """With etcd nothing watches the API: no RBAC objects, no account name, and pods name
-    `default` explicitly (a dropped field would leave them on the deleted discovery account)."""
-    idep = build(**ETCD)
+    `default` explicitly (a dropped field would leave them on the deleted discovery account),
+    with no token mounted, unless a template names an account of its own or asks for it."""
+    idep = build(**ETCD, gaie=GAIE)
     assert (discovery.render(idep, scaling_api=True), discovery.service_account_name(idep)) == ([], None)
-    assert pods.pod_template(idep, "worker", idep.spec.services["worker"])["spec"]["serviceAccountName"] == "default"
+    for service, svc in idep.spec.services.items():
+        spec = pods.pod_template(idep, service, svc)["spec"]
+        assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == ("default", False)
+    picker = gaie.epp_deployment(idep)["spec"]["template"]["spec"]
+    assert (picker["serviceAccountName"], picker["automountServiceAccountToken"]) == ("default", False)
+    for extra, expected in (
+        ({"serviceAccountName": "mine"}, ("mine", None)),
+        ({"automountServiceAccountToken": True}, ("default", True)),
+    ):
+        own = build(**ETCD, services={"worker": {**WORKER, "extraPodSpec": extra}})
+        spec = pods.pod_template(own, "worker", own.spec.services["worker"])["spec"]
+        assert (spec["serviceAccountName"], spec.get("automountServiceAccountToken")) == expected
+    # Kubernetes discovery: every process calls the API server as its own account.
+    idep = build(gaie=GAIE)
+    specs = [pods.pod_template(idep, s, svc)["spec"] for s, svc in idep.spec.services.items()]
+    assert all("automountServiceAccountToken" not in spec for spec in specs)
 
 
 def test_managed_broker() -> None:
@@ -116,6 +132,20 @@ def test_managed_broker() -> None:
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "2Gi"}},  # canonical, as the API server stores it
         "volumeMode": "Filesystem",
+    }
+    # No token (the broker never calls the API server); requests, no limits; alive while
+    # JetStream is on, however busy, with NATS's own chart's timing.
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["automountServiceAccountToken"] is False
+    assert container["resources"] == {"requests": {"cpu": "250m", "memory": "256Mi"}}
+    assert container["livenessProbe"] == {
+        "httpGet": {"path": "/healthz?js-enabled-only=true", "port": "monitor", "scheme": "HTTP"},
+        "initialDelaySeconds": 10,
+        "periodSeconds": 30,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+        "successThreshold": 1,
     }
     # The governing Service: the StatefulSet's serviceName, headless, selecting the broker pod.
     assert service["metadata"] == {"name": spec["serviceName"], "labels": broker_labels}
@@ -426,6 +456,17 @@ def test_gateway_objects() -> None:
     assert route["spec"]["parentRefs"][0]["namespace"] == "ml" and "hostnames" not in route["spec"]
     (epp,) = deployment["spec"]["template"]["spec"]["containers"]
     assert (epp["env"], epp["readinessProbe"]) == (env.operator_env(idep, Process.EPP), probes.epp_readiness())
+    # Restarted after a minute without a gRPC health answer; a router's share of the node.
+    assert (epp["livenessProbe"], epp["resources"]) == (
+        {
+            "grpc": {"port": 9003, "service": "inference-extension"},
+            "periodSeconds": 20,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+            "successThreshold": 1,
+        },
+        {"requests": {"cpu": "500m", "memory": "1Gi"}},
+    )
     worker_labels = pods.pod_metadata(idep, "worker", idep.spec.services["worker"])["labels"]
     assert not pool["spec"]["selector"]["matchLabels"].items() <= worker_labels.items()  # the pod template adds it
     valid(deployment, service, pool, route)
@@ -433,7 +474,8 @@ def test_gateway_objects() -> None:
 
 def test_frontend_sidecar() -> None:
     """The gateway's way into a worker pod: a direct-mode router on the frontend port that
-    outlives its removal from the pool (preStop) and is ready once it serves /v1/models."""
+    outlives its removal from the pool (preStop), is ready once it serves /v1/models, is
+    restarted after a minute without an answer on /health, and asks for a router's share."""
     idep = build(gaie={**GAIE, "eppImage": "epp:3"})
     assert gaie.frontend_sidecar(idep) == {
         "name": "infera-frontend",
@@ -443,6 +485,14 @@ def test_frontend_sidecar() -> None:
         "env": [NATS_ENV, *POD_ENV, SELECTOR_ENV],
         "lifecycle": PRESTOP,
         "readinessProbe": probes.router_readiness("/v1/models", 8100),
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": 8100, "scheme": "HTTP"},
+            "periodSeconds": 20,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+            "successThreshold": 1,
+        },
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
     }
     assert gaie.render(build()) == []
 

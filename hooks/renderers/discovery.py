@@ -30,6 +30,14 @@ def service_account_name(idep: InferaDeployment, svc: ServiceSpec | None = None)
     return child_name(idep, REGISTRATION_SUFFIX if svc.is_worker else DISCOVERY_SUFFIX)
 
 
+def unmount_unused_token(spec: dict) -> None:
+    """A pod spec on the namespace's default account (etcd discovery: none of its processes
+    calls the API server) gets no token, unless it says otherwise: a token nothing uses is a
+    credential for whoever breaks into the pod."""
+    if spec.get("serviceAccountName", "default") == "default":
+        spec.setdefault("automountServiceAccountToken", False)
+
+
 def _identity(idep: InferaDeployment, suffix: str, rules: list[dict]) -> list[dict]:
     name = child_name(idep, suffix)
     # Every identity object carries the discovery identity's service label: one part of the

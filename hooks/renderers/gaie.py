@@ -24,6 +24,9 @@ from hooks.vocabulary import (
 
 FRONTEND_CONTAINER = "infera-frontend"
 FRONTEND_PORT_NAME = "frontend"
+# The picker and the frontend are routers: a tokenizer in memory and the scoring of each
+# request. Requests only, so a burst is slowed, never OOM-killed; patches can raise them.
+ROUTER_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 
 
 def gaie_image(idep: InferaDeployment) -> str | None:
@@ -42,6 +45,8 @@ def frontend_sidecar(idep: InferaDeployment) -> dict[str, Any]:
         # from the InferencePool just as the engine does.
         "lifecycle": {"preStop": probes.prestop()},
         "readinessProbe": probes.router_readiness("/v1/models", port),
+        "livenessProbe": probes.router_liveness(port),
+        "resources": {"requests": dict(ROUTER_REQUESTS)},
     }
 
 
@@ -56,7 +61,11 @@ def epp_deployment(idep: InferaDeployment) -> dict:
         ],
         "env": operator_env(idep, Process.EPP),
         "readinessProbe": probes.epp_readiness(),
+        "livenessProbe": probes.epp_liveness(),
+        "resources": {"requests": dict(ROUTER_REQUESTS)},
     }
+    spec: dict = {"containers": [container], "serviceAccountName": discovery.service_account_name(idep) or "default"}
+    discovery.unmount_unused_token(spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -64,13 +73,7 @@ def epp_deployment(idep: InferaDeployment) -> dict:
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": selector_labels(idep, EPP_SUFFIX)},
-            "template": {
-                "metadata": {"labels": identity_labels(idep, EPP_SUFFIX)},
-                "spec": {
-                    "containers": [container],
-                    "serviceAccountName": discovery.service_account_name(idep) or "default",
-                },
-            },
+            "template": {"metadata": {"labels": identity_labels(idep, EPP_SUFFIX)}, "spec": spec},
         },
     }
 

@@ -112,6 +112,7 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
                 "spec": {
                     **_beside_the_worker(idep),
                     "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,  # a download never calls the API server
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": DOWNLOAD_UID,

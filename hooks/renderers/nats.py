@@ -48,7 +48,9 @@ def render(idep: InferaDeployment) -> list[dict]:
             {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
             {"name": "monitor", "containerPort": MONITOR_PORT, "protocol": "TCP"},
         ],
-        # /healthz turns ready only once JetStream has loaded its store.
+        # Ready once JetStream has loaded its store (/healthz checks every stream). Alive while
+        # JetStream is on, however busy or long its recovery (js-enabled-only checks no stream),
+        # with the timing of NATS's own Helm chart: a busy broker is never restarted.
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "monitor", "scheme": "HTTP"},
             "periodSeconds": 5,
@@ -56,6 +58,17 @@ def render(idep: InferaDeployment) -> list[dict]:
             "failureThreshold": 3,
             "successThreshold": 1,
         },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz?js-enabled-only=true", "port": "monitor", "scheme": "HTTP"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 30,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+            "successThreshold": 1,
+        },
+        # KV events and, with the NATS request transport, every request: a small broker.
+        # Requests only, so a burst is slowed, never OOM-killed.
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
         "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/data"}],
     }
     statefulset = {
@@ -74,7 +87,8 @@ def render(idep: InferaDeployment) -> list[dict]:
             "selector": {"matchLabels": selector_labels(idep, NATS_SUFFIX)},
             "template": {
                 "metadata": {"labels": dict(metadata["labels"])},
-                "spec": {"containers": [container]},
+                # The broker never calls the API server.
+                "spec": {"containers": [container], "automountServiceAccountToken": False},
             },
             # Written as the API server stores it: Metacontroller replaces this list wholesale,
             # so a template without the server's defaults would be re-applied on every sync.

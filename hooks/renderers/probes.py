@@ -56,11 +56,24 @@ def router_readiness(path: str, port: int) -> dict[str, Any]:
     return probe(http_get(path, port), period=10, timeout=5, failures=3)
 
 
+def router_liveness(port: int) -> dict[str, Any]:
+    """A router whose HTTP server stops answering /health (it answers whatever its pool) for a
+    minute is hung: restarted."""
+    return probe(http_get("/health", port), period=20, timeout=5, failures=3)
+
+
+def _epp_health() -> dict[str, Any]:
+    return {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}}
+
+
 def epp_readiness() -> dict[str, Any]:
     """The gRPC health service the picker serves on its health port."""
-    return probe(
-        {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}}, period=10, timeout=5, failures=3
-    )
+    return probe(_epp_health(), period=10, timeout=5, failures=3)
+
+
+def epp_liveness() -> dict[str, Any]:
+    """The same service: a picker that stops answering it for a minute is restarted."""
+    return probe(_epp_health(), period=20, timeout=5, failures=3)
 
 
 def prestop() -> dict[str, Any]:

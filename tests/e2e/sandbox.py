@@ -22,9 +22,9 @@ there. What a cluster provides is rebuilt as small as it can be and as faithful 
   not pulled: this machine's virtualenv, with the Infera runtime and the stand-in engine on
   PYTHONPATH, stands for it. kubelet's service variables (KUBERNETES_SERVICE_HOST/PORT) and
   HOSTNAME are set as kubelet sets them.
-- **Readiness** is the rendered startup and readiness probes' checks (httpGet, tcpSocket), polled
-  until they pass; their timing fields (initial delays, periods) are not replayed, to keep the
-  tests fast.
+- **Readiness** is the rendered startup, liveness and readiness probes' checks (httpGet,
+  tcpSocket, grpc), polled until they all pass; their timing fields (initial delays, periods)
+  are not replayed, to keep the tests fast.
 - **Stopping a pod** is kubelet's: the pod is marked for deletion, each container's preStop hook
   runs, then SIGTERM to PID 1, then SIGKILL once the rendered grace period has passed since the
   stop began.
@@ -464,10 +464,11 @@ class Cluster:
         raise AssertionError(f"{pod.name}/{container.name}: a probe the sandbox does not run: {probe}")
 
     def ready(self, pod: Pod) -> bool:
-        """Every container's startup and readiness probes pass (a container without probes is
-        ready once it runs)."""
+        """Every container's startup, liveness and readiness probes pass (a container without
+        probes is ready once it runs): a liveness check the real process fails would have
+        kubelet restart it."""
         for container in pod.containers:
-            for kind in ("startupProbe", "readinessProbe"):
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
                 probe = container.spec.get(kind)
                 if probe is not None and not self.probe(pod, container, probe):
                     return False
