@@ -108,9 +108,12 @@ def test_etcd_discovery_renders_no_identity() -> None:
         own = build(**ETCD, services={"worker": {**WORKER, "extraPodSpec": extra}})
         spec = pods.pod_template(own, "worker", own.spec.services["worker"])["spec"]
         assert (spec["serviceAccountName"], spec.get("automountServiceAccountToken")) == expected
-    # Kubernetes discovery: every process calls the API server as its own account.
-    idep = build(gaie=GAIE)
+    # Kubernetes discovery: every process calls the API server, even on an account a template
+    # names `default`.
+    idep = build({"worker": WORKER, "own": {**WORKER, "extraPodSpec": {"serviceAccountName": "default"}}}, gaie=GAIE)
     specs = [pods.pod_template(idep, s, svc)["spec"] for s, svc in idep.spec.services.items()]
+    specs.append(gaie.epp_deployment(idep)["spec"]["template"]["spec"])
+    assert [spec["serviceAccountName"] for spec in specs] == ["g-register", "default", "g-epp"]
     assert all("automountServiceAccountToken" not in spec for spec in specs)
 
 

@@ -30,11 +30,11 @@ def service_account_name(idep: InferaDeployment, svc: ServiceSpec | None = None)
     return child_name(idep, REGISTRATION_SUFFIX if svc.is_worker else DISCOVERY_SUFFIX)
 
 
-def unmount_unused_token(spec: dict) -> None:
-    """A pod spec on the namespace's default account (etcd discovery: none of its processes
-    calls the API server) gets no token, unless it says otherwise: a token nothing uses is a
-    credential for whoever breaks into the pod."""
-    if spec.get("serviceAccountName", "default") == "default":
+def unmount_unused_token(idep: InferaDeployment, spec: dict) -> None:
+    """Without kubernetes discovery none of our processes calls the API server: a pod spec
+    left on the namespace's default account gets no token, unless it says otherwise (a token
+    nothing uses is a credential for whoever breaks into the pod)."""
+    if idep.spec.discovery_backend != "kubernetes" and spec.get("serviceAccountName", "default") == "default":
         spec.setdefault("automountServiceAccountToken", False)
 
 

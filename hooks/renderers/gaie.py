@@ -25,7 +25,8 @@ from hooks.vocabulary import (
 FRONTEND_CONTAINER = "infera-frontend"
 FRONTEND_PORT_NAME = "frontend"
 # The picker and the frontend are routers: a tokenizer in memory and the scoring of each
-# request. Requests only, so a burst is slowed, never OOM-killed; patches can raise them.
+# request. Requests, no limits: a burst may use what the node has spare (patches can set
+# limits, or other requests).
 ROUTER_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 
 
@@ -65,7 +66,7 @@ def epp_deployment(idep: InferaDeployment) -> dict:
         "resources": {"requests": dict(ROUTER_REQUESTS)},
     }
     spec: dict = {"containers": [container], "serviceAccountName": discovery.service_account_name(idep) or "default"}
-    discovery.unmount_unused_token(spec)
+    discovery.unmount_unused_token(idep, spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

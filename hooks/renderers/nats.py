@@ -50,7 +50,7 @@ def render(idep: InferaDeployment) -> list[dict]:
         ],
         # Ready once JetStream has loaded its store (/healthz checks every stream). Alive while
         # JetStream is on, however busy or long its recovery (js-enabled-only checks no stream),
-        # with the timing of NATS's own Helm chart: a busy broker is never restarted.
+        # with the timing of NATS's own Helm chart: a busy broker is not restarted for being busy.
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "monitor", "scheme": "HTTP"},
             "periodSeconds": 5,
@@ -67,7 +67,7 @@ def render(idep: InferaDeployment) -> list[dict]:
             "successThreshold": 1,
         },
         # KV events and, with the NATS request transport, every request: a small broker.
-        # Requests only, so a burst is slowed, never OOM-killed.
+        # Requests, no limits: a burst may use what the node has spare.
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
         "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/data"}],
     }

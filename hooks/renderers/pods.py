@@ -139,6 +139,6 @@ def pod_template(
         where = f"spec.services.{service}.extraPodSpec"
         spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
     # After the template: one that names an account of its own keeps kubelet's default.
-    discovery.unmount_unused_token(spec)
+    discovery.unmount_unused_token(idep, spec)
     _complete_primary(svc, spec, leader)
     return {"metadata": metadata, "spec": spec}

@@ -44,7 +44,7 @@ import threading
 import time
 import traceback
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,6 +216,7 @@ class Cluster:
         self.pods: dict[str, Pod] = {}
         self.kube: Any = None
         self.etcd: subprocess.Popen | None = None
+        self.stop_relay: Callable[[], None] | None = None
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -240,7 +241,9 @@ class Cluster:
                 )
         real_names = {owner: iter(names) for owner, names in (self.api or {}).get("pod_names", {}).items()}
         for index, pod in enumerate(planned):
-            name = next(real_names[pod.owner]) if pod.owner in real_names else pod.facts.name
+            name = next(real_names[pod.owner], None) if self.api else pod.facts.name
+            if name is None:
+                raise AssertionError(f"the API server has no pod left for {pod.owner} (pods: {self.api['pod_names']})")
             facts = kubelet.PodFacts(name, pod.facts.namespace, pod.facts.ip, lws=pod.facts.lws, services=services)
             self.pods[facts.name] = Pod(kubelet.Pod(pod.owner, pod.template, facts), index)
 
@@ -310,8 +313,9 @@ class Cluster:
             self.start_etcd()
         elif self.api is not None:
             api_socket = self.api["socket"]
-            listener = socket.create_server((NODE_IP, API_PORT))
-            serve_relay(listener, lambda: unix_connection(api_socket))
+            self.stop_relay = serve_relay(
+                socket.create_server((NODE_IP, API_PORT)), lambda: unix_connection(api_socket)
+            )
             for account, token in self.api["tokens"].items():
                 directory = self.accounts / account
                 directory.mkdir()
@@ -333,9 +337,12 @@ class Cluster:
     def token_dir(self, pod: Pod) -> Path | None:
         """The token kubelet mounts into the pod: none with automountServiceAccountToken false,
         nor under etcd discovery, where the sandbox has no API server."""
+        if pod.pod.spec.get("automountServiceAccountToken") is False or self.spec.get("discoveryBackend") == "etcd":
+            return None
         directory = self.accounts / account_name(pod)
-        mounted = pod.pod.spec.get("automountServiceAccountToken") is not False
-        return directory if mounted and directory.is_dir() else None
+        if not directory.is_dir():
+            raise AssertionError(f"{pod.name}: no token was given for ServiceAccount {account_name(pod)}")
+        return directory
 
     def start_etcd(self) -> None:
         data = self.workdir / "etcd"
@@ -386,7 +393,7 @@ class Cluster:
         # `exec` keeps the command PID 1.
         token_dir = self.token_dir(pod)
         mount_token = (
-            ["sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "mount-token"]
+            ["/bin/sh", "-c", 'mount --bind -o ro "$1" "$2" && shift 2 && exec "$@"', "mount-token"]
             + [str(token_dir), SERVICE_ACCOUNT_DIR]
             if token_dir is not None
             else []
@@ -434,7 +441,7 @@ class Cluster:
                 "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
             },
             "spec": {
-                "serviceAccountName": pod.pod.spec.get("serviceAccountName", "default"),
+                "serviceAccountName": account_name(pod),
                 "containers": pod.pod.spec["containers"],
             },
             "status": {"phase": "Running", "podIP": pod.ip, "podIPs": [{"ip": pod.ip}]},
@@ -548,6 +555,8 @@ class Cluster:
                 self.remove_pod(pod)
         if self.kube is not None:
             self.kube.stop()
+        if self.stop_relay is not None:
+            self.stop_relay()
         if self.etcd is not None:
             self.etcd.kill()
             self.etcd.wait(timeout=10)
@@ -576,13 +585,19 @@ class Cluster:
 
 def unix_connection(path: str) -> socket.socket:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.connect(path)
+    try:
+        connection.connect(path)
+    except OSError:
+        connection.close()
+        raise
     return connection
 
 
-def serve_relay(listener: socket.socket, connect: Any) -> None:
+def serve_relay(listener: socket.socket, connect: Callable[[], socket.socket]) -> Callable[[], None]:
     """Every connection `listener` accepts, joined byte for byte to a new one from `connect()`
-    until either side closes (a watch stays open as long as its client keeps it)."""
+    until either side closes (a watch stays open as long as its client keeps it); a far side
+    that refuses is said on stderr. Returns what stops it: no more accepts, every pair closed."""
+    pairs: list[socket.socket] = []
 
     def copy(source: socket.socket, target: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -592,18 +607,38 @@ def serve_relay(listener: socket.socket, connect: Any) -> None:
             target.shutdown(socket.SHUT_WR)
 
     def join(accepted: socket.socket) -> None:
-        with accepted, contextlib.suppress(OSError), connect() as far:
-            back = threading.Thread(target=copy, args=(far, accepted), daemon=True)
-            back.start()
-            copy(accepted, far)
-            back.join()
+        with accepted:
+            try:
+                far = connect()
+            except OSError as error:
+                print(f"relay: the far side refused: {error!r}", file=sys.stderr, flush=True)
+                return
+            with far:
+                pairs.extend((accepted, far))
+                back = threading.Thread(target=copy, args=(far, accepted), daemon=True)
+                back.start()
+                copy(accepted, far)
+                back.join()
 
     def accept() -> None:
-        with contextlib.suppress(OSError):  # the listener closed
+        with contextlib.suppress(OSError):  # stopped
             while True:
                 threading.Thread(target=join, args=(listener.accept()[0],), daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
+    accepting = threading.Thread(target=accept, daemon=True)
+    accepting.start()
+
+    def stop() -> None:
+        # shutdown() wakes the blocked accept(), which close() alone does not.
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        accepting.join(timeout=5)
+        for connection in list(pairs):
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+    return stop
 
 
 def http_ok(url: str) -> bool:
@@ -689,29 +724,39 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def run(directory: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(
+    directory: Path, timeout: float = SCENARIO_TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """The scenario in its own user, mount, network and PID namespaces: nothing leaves the
     machine, and every process it started dies with it (or with the test process). The scenario
-    has `timeout` minus a margin to fail with its report before this gives up on it."""
+    has `timeout` minus a margin to fail with its report before this gives up on it; if it
+    does give up, an AssertionError carries every process's last log lines."""
     graph_file = directory / "graph.json"
     graph_file.write_text(json.dumps({**json.loads(graph_file.read_text()), "deadline": timeout - 15}))
-    return subprocess.run(
-        [
-            *UNSHARE,
-            "--kill-child",
-            "--",
-            sys.executable,
-            "-m",
-            "tests.e2e.sandbox",
-            str(directory),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        preexec_fn=die_with_parent,
-    )
+    try:
+        return subprocess.run(
+            [
+                *UNSHARE,
+                "--kill-child",
+                "--",
+                sys.executable,
+                "-m",
+                "tests.e2e.sandbox",
+                str(directory),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
+    except subprocess.TimeoutExpired:
+        logs = "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}"
+            for log in sorted((directory / "logs").glob("*.log"))
+        )
+        raise AssertionError(f"the sandbox did not end within {timeout:.0f} s\n{logs}") from None
 
 
 if __name__ == "__main__":

@@ -82,15 +82,15 @@ class Cluster:
         tls = ssl.create_default_context(cafile=self.ca)
         return httpx.Client(base_url=self.server, verify=tls, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
-    def token(self, namespace: str, service_account: str) -> str:
+    def token(self, namespace: str, service_account: str, hours: int = 1) -> str:
         """A token of the ServiceAccount, from its TokenRequest subresource: what a kubelet
-        mounts into a pod that runs as it."""
+        mounts into a pod that runs as it (kubelet's, an hour, is renewed; this one is not)."""
         reply = self.admin().post(
             f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
             json={
                 "apiVersion": "authentication.k8s.io/v1",
                 "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 3600},
+                "spec": {"expirationSeconds": hours * 3600},
             },
         )
         reply.raise_for_status()
@@ -119,8 +119,16 @@ class Cluster:
 
     def audit_writes(self, user: str) -> list[dict[str, Any]]:
         """Every completed write the audit log holds by `user`."""
+        return [event for event in self._completed_writes() if event["user"]["username"] == user]
+
+    def audit_writes_by_accounts_of(self, namespace: str) -> list[dict[str, Any]]:
+        """Every completed write the audit log holds by a ServiceAccount of `namespace`."""
+        prefix = f"system:serviceaccount:{namespace}:"
+        return [event for event in self._completed_writes() if event["user"]["username"].startswith(prefix)]
+
+    def _completed_writes(self) -> list[dict[str, Any]]:
         events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
-        return [event for event in events if event["stage"] == "ResponseComplete" and event["user"]["username"] == user]
+        return [event for event in events if event["stage"] == "ResponseComplete"]
 
 
 def kwok_node(name: str) -> dict[str, Any]:

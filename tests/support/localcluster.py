@@ -30,6 +30,8 @@ from tests.support.service import running_server
 
 CONTROLLER = "inferadeployment-controller"
 METACONTROLLER_USER = "system:serviceaccount:metacontroller:metacontroller"
+# How long Metacontroller's identity (driver or binary) keeps its token: a day of `up`.
+IDENTITY_HOURS = 24
 # Where `up` keeps its cluster, logs and pid (gitignored); a test moves it.
 WORKDIR = Path(os.environ.get("INFERA_LOCALCLUSTER_DIR", REPO / ".cache" / "localcluster"))
 
@@ -104,7 +106,10 @@ def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Ite
                     {"name": "local", "cluster": {"server": cluster.server, "certificate-authority": cluster.ca}}
                 ],
                 "users": [
-                    {"name": "metacontroller", "user": {"token": cluster.token("metacontroller", "metacontroller")}}
+                    {
+                        "name": "metacontroller",
+                        "user": {"token": cluster.token("metacontroller", "metacontroller", hours=IDENTITY_HOURS)},
+                    }
                 ],
                 "contexts": [{"name": "local", "context": {"cluster": "local", "user": "metacontroller"}}],
                 "current-context": "local",
@@ -129,7 +134,11 @@ def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Ite
         yield
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextmanager
@@ -152,7 +161,9 @@ def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None =
             with running_metacontroller(cluster, metacontroller, workdir):
                 yield Installed(cluster, None, hooks.url)
             return
-        driver = CompositeDriver(cluster.as_token(cluster.token("metacontroller", "metacontroller")), CONTROLLER)
+        driver = CompositeDriver(
+            cluster.as_token(cluster.token("metacontroller", "metacontroller", hours=IDENTITY_HOURS)), CONTROLLER
+        )
         driver.start(interval=1.0)
         try:
             yield Installed(cluster, driver, hooks.url)
