@@ -31,6 +31,7 @@ from tests.support import kubelet
 from tests.support.cluster import NODE_NAMES, Cluster
 from tests.support.composite_driver import LAST_APPLIED, RESOURCES
 from tests.support.localcluster import CONTROLLER, METACONTROLLER_USER, Installed, installed_bundle
+from tests.support.metrics_api import running_metrics_api
 from tests.support.prerequisites import REPO, SHARED, need_runtime, need_schemas
 from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
 from tests.support.service import HookClient
@@ -641,29 +642,38 @@ def test_switching_shapes_prunes_and_creates_what_the_hook_renders_as_the_simula
         assert comparable(real) == comparable(simulated.parent["status"]), example
 
 
-def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed) -> None:
-    """The autoscaling example's decode pool: resized through /scale, as the HPA controller
-    does; the next syncs leave the new size alone. The first records it in the last-applied
-    annotation (the hook emits the live count) and writes nothing else, as the simulator says."""
-    cluster = installed.cluster
-    ready_graph(installed, "autoscaled", REPO / "examples" / "pd-autoscaling.yaml")
-    assert (
-        get(cluster, "-n", "autoscaled", "hpa", "qwen-auto-decode")["spec"]["scaleTargetRef"]["name"]
-        == "qwen-auto-decode"
-    )
-    since, changes = len(cluster.audit_writes(METACONTROLLER_USER)), len(installed.driver.changes)
-    scaled = cluster.kubectl("scale", "-n", "autoscaled", "deployment", "qwen-auto-decode", "--replicas=3")
-    assert scaled.returncode == 0, scaled.stderr
-    eventually(
-        lambda: get(cluster, "-n", "autoscaled", "deployment", "qwen-auto-decode")["status"].get("readyReplicas") == 3,
-        "three decode pods",
-    )
-    time.sleep(5)
-    assert get(cluster, "-n", "autoscaled", "deployment", "qwen-auto-decode")["spec"]["replicas"] == 3
-    writes = [w for w in driver_writes(cluster, "autoscaled", since) if w[1] != "inferadeployments/status"]
-    assert writes == [("update", "deployments", "qwen-auto-decode")]
-    ((kind, name, patch),) = installed.driver.changes[changes:]
-    assert [(op["op"], op["path"]) for op in patch] == [
-        ("replace", "/metadata/annotations/" + LAST_APPLIED.replace("/", "~1"))
-    ]
-    assert json.loads(patch[0]["value"])["spec"]["replicas"] == 3
+def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed, tmp_path: Path) -> None:
+    """The autoscaling example's decode pool under the real HorizontalPodAutoscaler controller,
+    fed by a custom metrics API with 20 requests waiting over the decode pods (the target is
+    4 a pod): it scales the pool from 2 to 5 and stays there. Each resize the driver sees is
+    recorded in the last-applied annotation (the hook emits the live count) and nothing else
+    of the Deployment is written, as the simulator says."""
+    cluster, driver = installed.cluster, installed.driver
+    assert driver is not None
+    with running_metrics_api(cluster, tmp_path, {"sglang_num_queue_reqs": 20}):
+        changes = len(driver.changes)
+        ready_graph(installed, "autoscaled", REPO / "examples" / "pd-autoscaling.yaml")
+        deployment = lambda: get(cluster, "-n", "autoscaled", "deployment", "qwen-auto-decode")  # noqa: E731
+        eventually(lambda: deployment()["spec"]["replicas"] == 5, "the autoscaler to scale decode to 5")
+        eventually(lambda: deployment()["status"].get("readyReplicas") == 5, "five decode pods")
+        hpa = lambda: get(cluster, "-n", "autoscaled", "hpa", "qwen-auto-decode")["status"]  # noqa: E731
+        scaled = hpa()["lastScaleTime"]
+        # Its next evaluation, on five pods (4 waiting each, the target), wants five: it stands.
+        eventually(
+            lambda: (
+                [m["pods"]["current"]["averageValue"] for m in hpa().get("currentMetrics") or [{}] if "pods" in m]
+                == ["4"]
+            ),
+            "the autoscaler to evaluate five pods",
+            timeout=60,
+        )
+        passes = driver.passes
+        eventually(lambda: driver.passes >= passes + 3, "three passes after it")
+        assert (deployment()["spec"]["replicas"], hpa()["desiredReplicas"], hpa()["lastScaleTime"]) == (5, 5, scaled)
+    resizes = [patch for kind, name, patch in driver.changes[changes:] if name == "qwen-auto-decode"]
+    assert resizes, "the driver never saw the autoscaler's resize"
+    for patch in resizes:
+        assert [(op["op"], op["path"]) for op in patch] == [
+            ("replace", "/metadata/annotations/" + LAST_APPLIED.replace("/", "~1"))
+        ]
+    assert json.loads(resizes[-1][0]["value"])["spec"]["replicas"] == 5

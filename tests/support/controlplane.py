@@ -137,8 +137,18 @@ def running_cluster(workdir: Path, name: str = "infera-test", audit_policy: Path
     }
     if audit_policy is not None:
         options["kubeAuditPolicy"] = str(audit_policy)
+    # Aggregated APIs (a custom metrics API for the autoscaler) are reached at their Service's
+    # endpoints: no ClusterIP answers here.
+    routing = {"name": "kube-apiserver", "extraArgs": [{"key": "enable-aggregator-routing", "value": "true"}]}
     config.write_text(
-        json.dumps({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": options})
+        json.dumps(
+            {
+                "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+                "kind": "KwokctlConfiguration",
+                "options": options,
+                "componentsPatches": [routing],
+            }
+        )
     )
     kubeconfig = workdir / "kubeconfig"
     environment = {**os.environ, "KWOK_WORKDIR": str(workdir / "kwok")}
