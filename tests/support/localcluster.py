@@ -26,7 +26,7 @@ import yaml
 from tests.support.cluster import Cluster, running_cluster_with_nodes, running_lws
 from tests.support.composite_driver import CompositeDriver
 from tests.support.prerequisites import REPO, need_schemas
-from tests.support.service import running_server
+from tests.support.service import running_server, stop_process
 
 CONTROLLER = "inferadeployment-controller"
 METACONTROLLER_USER = "system:serviceaccount:metacontroller:metacontroller"
@@ -133,12 +133,7 @@ def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Ite
     try:
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 @contextmanager

@@ -139,6 +139,16 @@ class RunningServer:
         return [int(pid) for pid in children.read_text().split()] if children.exists() else []
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if it has not exited 30 s later."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 @contextlib.contextmanager
 def running_server(
     log_dir: Path, *options: str, scheme: str = "http", workers: int = 2, env: dict[str, str] | None = None
@@ -174,12 +184,7 @@ def running_server(
                 time.sleep(0.05)
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            stop_process(process)
 
 
 @contextlib.contextmanager
