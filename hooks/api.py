@@ -146,6 +146,8 @@ GAIE_REQUIRED_RULE = "gaie.tokenizerPath and gaie.gatewayName are required when 
 SERVER_ROLE_RULE = "role applies to workers only: remove role from a server (or set it to mixed)"
 SERVER_GPU_RULE = "resources.gpu applies to workers only: the server (router) runs without a GPU"
 SERVER_NODES_RULE = "numberOfNodes applies to workers only: a server runs on one node (scale it with replicas)"
+SERVER_RDMA_RULE = "rdma applies to workers only: the server (router) moves no KV cache"
+SERVER_HOST_BOOT_RULE = "hostBoot applies to workers only: a server's pods never mount the node's /boot"
 ONE_WORKER_RULE = "services must contain at least one worker (componentType: worker)"
 RESERVED_NAMES_RULE = (
     "service names nats, disc and epp are reserved for the operator's own children: rename the service"
@@ -705,6 +707,8 @@ class ServiceSpec(ApiModel):
             SERVER_GPU_RULE,
         ),
         cel("self.componentType == 'worker' || !has(self.numberOfNodes) || self.numberOfNodes == 1", SERVER_NODES_RULE),
+        cel("self.componentType == 'worker' || !has(self.rdma) || !self.rdma", SERVER_RDMA_RULE),
+        cel("self.componentType == 'worker' || !has(self.hostBoot) || self.hostBoot", SERVER_HOST_BOOT_RULE),
     )
 
     # maxLength bounds the CEL cost estimate of rules comparing these strings.
@@ -722,6 +726,16 @@ class ServiceSpec(ApiModel):
     """Port the service listens on. Defaults: server 8000, worker 30000."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     """GPU, CPU, memory and shared memory of each pod."""
+    rdma: bool = False
+    """The engine pins and shares memory for RDMA or the kvd arena (mori, Mooncake, kvd): its
+    container gets IPC_LOCK, SYS_PTRACE and SYS_RESOURCE, the capabilities those transports need.
+    Workers only; their pods then pass no Pod Security Standard but privileged."""
+    host_boot: bool = True
+    """Mount the node's /boot read-only, where the runtime's GPU-direct checks read the kernel
+    config (engine images ship none). A hostPath volume, which the baseline Pod Security Standard
+    forbids: false lets the pods run at baseline, and kvd's storage tier then finds no kernel
+    P2PDMA support and loads through the CPU instead of GPU-direct. Workers rendered from the flat
+    fields only (a template mounts what it lists)."""
     args: list[str] | None = None
     """Flags appended after the injected ones (a repeated flag overrides the injected value)."""
     env: list[EnvVar] | None = None
@@ -762,6 +776,10 @@ class ServiceSpec(ApiModel):
             raise ValueError(SERVER_GPU_RULE)
         if not self.is_worker and self.number_of_nodes > 1:
             raise ValueError(SERVER_NODES_RULE)
+        if not self.is_worker and self.rdma:
+            raise ValueError(SERVER_RDMA_RULE)
+        if not self.is_worker and not self.host_boot:
+            raise ValueError(SERVER_HOST_BOOT_RULE)
         return self
 
     @property

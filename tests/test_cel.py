@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 25
+    assert len(rules) == 27
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -115,6 +115,8 @@ CASES = [
     ("role on a server", service_change("server", role="prefill"), api.SERVER_ROLE_RULE),
     ("gpu on a server", service_change("server", resources={"gpu": 1}), api.SERVER_GPU_RULE),
     ("multi-node server", service_change("server", numberOfNodes=2), api.SERVER_NODES_RULE),
+    ("rdma on a server", service_change("server", rdma=True), api.SERVER_RDMA_RULE),
+    ("hostBoot off on a server", service_change("server", hostBoot=False), api.SERVER_HOST_BOOT_RULE),
     ("no worker", only_servers, api.ONE_WORKER_RULE),
     ("service named nats", add_service("nats"), api.RESERVED_NAMES_RULE),
     ("service named disc", add_service("disc", "server"), api.RESERVED_NAMES_RULE),

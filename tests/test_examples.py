@@ -154,7 +154,10 @@ def test_mooncake_recipe(hooks) -> None:
         flags = main["command"] + main["args"]
         assert flags[flags.index("--disaggregation-transfer-backend") + 1] == "mooncake"
         assert "--disaggregation-ib-device" not in flags and "--tp-size" in flags
-        assert main["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert main["securityContext"] == {  # rdma: true
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_PTRACE", "SYS_RESOURCE"]},
+        }
         assert {m["mountPath"] for m in main["volumeMounts"]} == {"/models", "/dev/infiniband", "/dev/shm"}
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["model"]["hostPath"]["path"] == "/mnt/models"  # the same path on both nodes

@@ -88,7 +88,11 @@ def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
         "/health"
     ] * 3
     assert main["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "15"]}}}
-    assert main["securityContext"] == user["securityContext"]
+    # The template's capabilities on top of the operator's worker defaults.
+    assert main["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+    }
     assert spec["serviceAccountName"] == "qwen-pd-register"
     assert spec["terminationGracePeriodSeconds"] == 120  # raised to cover the drain, never lowered
     # The template's pod-level fields and volumes; /dev/shm from the flat sharedMemory is kept.
@@ -311,9 +315,19 @@ def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: s
             assert [v["name"] for v in extra.get("volumes", [])] == names[: len(extra.get("volumes", []))]
             user = extra["containers"][0]
             (main,) = [c for c in spec["containers"] if c["name"] == user["name"]]
-            for field in ("command", "image", "securityContext"):
+            for field in ("command", "image"):
                 if field in user:
                     assert main[field] == user[field], (service, field)
+            # Laid key by key over the operator's; privileged drops the escalation default.
+            context = user.get("securityContext", {})
+            expected = {"allowPrivilegeEscalation": False}
+            if svc["componentType"] == "server":
+                expected["readOnlyRootFilesystem"] = True
+            expected |= context
+            expected["capabilities"] = {"drop": ["ALL"], **context.get("capabilities", {})}
+            if context.get("privileged"):
+                del expected["allowPrivilegeEscalation"]
+            assert main["securityContext"] == expected, service
 
 
 @pytest.mark.parametrize(("name", "doc"), CASES, ids=[name for name, _ in CASES])

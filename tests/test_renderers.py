@@ -37,6 +37,9 @@ SHM_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16G
 BOOT_MOUNT = {"name": "boot-config", "mountPath": "/boot", "readOnly": True}
 BOOT_VOLUME = {"name": "boot-config", "hostPath": {"path": "/boot", "type": "Directory"}}
 PROBES = {"startupProbe", "livenessProbe", "readinessProbe"}
+HOME_ENV = {"name": "HOME", "value": "/tmp"}
+SCRATCH_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+SCRATCH_VOLUME = {"name": "tmp", "emptyDir": {}}
 
 
 def build(
@@ -262,6 +265,7 @@ def test_primary_container() -> None:
             "requests": {"cpu": "2", "memory": "2Gi", "nvidia.com/gpu": "4"},
             "limits": {"nvidia.com/gpu": "4"},
         },
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [SHM_MOUNT],
     }
 
@@ -274,14 +278,16 @@ def test_primary_container() -> None:
         # A template decides about /boot for itself; /dev/shm still comes from the flat field.
         ({**WORKER, "resources": {"sharedMemory": "16Gi"}, "extraPodSpec": {}}, [SHM_MOUNT], [SHM_VOLUME]),
         ({**WORKER, "extraPodSpec": {"nodeSelector": {"gpu": "mi300"}}}, None, None),
-        ({**SERVER, "resources": {"sharedMemory": "16Gi"}}, [SHM_MOUNT], [SHM_VOLUME]),
-        (SERVER, None, None),
+        ({**WORKER, "hostBoot": False}, None, None),
+        ({**SERVER, "resources": {"sharedMemory": "16Gi"}}, [SHM_MOUNT, SCRATCH_MOUNT], [SHM_VOLUME, SCRATCH_VOLUME]),
+        (SERVER, [SCRATCH_MOUNT], [SCRATCH_VOLUME]),
     ],
-    ids=["worker", "worker-shm", "template-shm", "template", "server-shm", "server"],
+    ids=["worker", "worker-shm", "template-shm", "template", "no-host-boot", "server-shm", "server"],
 )
 def test_shm_and_boot_volumes(svc: dict[str, Any], mounts: list[dict] | None, volumes: list[dict] | None) -> None:
     """/dev/shm only when sharedMemory is set; /boot (the runtime's GPU-direct checks read the
-    node's kernel config) only on workers rendered from the flat fields; never an empty list."""
+    node's kernel config) only on workers rendered from the flat fields, unless hostBoot is
+    false; a server's scratch /tmp (its root is read-only); never an empty list."""
     idep = build({"svc": svc, "other": WORKER})
     deployment = workloads.workload(idep, "svc", idep.spec.services["svc"])
     spec = deployment["spec"]["template"]["spec"]
@@ -348,15 +354,17 @@ def test_last_wins_keeps_first_position_and_last_value() -> None:
     ("process", "spec", "expected"),
     [
         (Process.WORKER, {}, [READY, NATS_ENV, *POD_ENV]),
-        (Process.SERVER, {}, [NATS_ENV, *POD_ENV, SELECTOR_ENV]),
-        (Process.FRONTEND, {"nats": {"deploy": False}}, [*POD_ENV, SELECTOR_ENV]),
-        (Process.EPP, ETCD, [NATS_ENV, *POD_ENV]),
+        (Process.SERVER, {}, [HOME_ENV, NATS_ENV, *POD_ENV, SELECTOR_ENV]),
+        (Process.FRONTEND, {"nats": {"deploy": False}}, [HOME_ENV, *POD_ENV, SELECTOR_ENV]),
+        (Process.EPP, ETCD, [HOME_ENV, NATS_ENV, *POD_ENV]),
         (Process.WORKER, {**ETCD, "nats": {"deploy": False}}, [READY, *POD_ENV]),
     ],
 )
 def test_operator_env_per_process(process: Process, spec: dict[str, Any], expected: list[dict]) -> None:
     """A worker gets its model-load budget first (so a later value wins); only routers get the
-    selector, and only under Kubernetes discovery; NATS_SERVER only with the managed broker."""
+    selector, and only under Kubernetes discovery; NATS_SERVER only with the managed broker; a
+    router's HOME is its scratch /tmp (its user has none on the read-only root), first, so a
+    user's HOME wins."""
     assert env.operator_env(build(**spec), process) == expected
 
 
@@ -381,7 +389,12 @@ def test_service_env_overrides_everything() -> None:
         {"name": "EMPTY"},
         {"name": "HOST", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.hostIP"}}},
     ]
-    assert env.service_env(idep, idep.spec.services["s"]) == [NATS_ENV, *POD_ENV, SELECTOR_ENV | {"value": "x=y"}]
+    assert env.service_env(idep, idep.spec.services["s"]) == [
+        HOME_ENV,
+        NATS_ENV,
+        *POD_ENV,
+        SELECTOR_ENV | {"value": "x=y"},
+    ]
 
 
 @pytest.mark.parametrize("delay", [0, 7])
@@ -485,7 +498,7 @@ def test_frontend_sidecar() -> None:
         "image": "epp:3",
         "command": runtime.frontend_command(idep),
         "ports": [{"name": "frontend", "containerPort": 8100, "protocol": "TCP"}],
-        "env": [NATS_ENV, *POD_ENV, SELECTOR_ENV],
+        "env": [HOME_ENV, NATS_ENV, *POD_ENV, SELECTOR_ENV],
         "lifecycle": PRESTOP,
         "readinessProbe": probes.router_readiness("/v1/models", 8100),
         "livenessProbe": {
@@ -496,6 +509,16 @@ def test_frontend_sidecar() -> None:
             "successThreshold": 1,
         },
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+        # Restricted on its own in a worker's pod, which is not.
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+        },
+        "volumeMounts": [SCRATCH_MOUNT],
     }
     assert gaie.render(build()) == []
 

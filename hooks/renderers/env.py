@@ -6,7 +6,7 @@ selector); a service's own env comes last and overrides everything."""
 from typing import Any
 
 from hooks.api import EnvVar, InferaDeployment, ServiceSpec
-from hooks.renderers import discovery, nats
+from hooks.renderers import discovery, nats, security
 from hooks.runtime import MODEL_LOAD_SECONDS, NATS_ENV, READY_TIMEOUT_ENV, ROUTERS, SELECTOR_ENV, Process
 
 
@@ -40,6 +40,8 @@ def operator_env(idep: InferaDeployment, process: Process) -> list[dict[str, Any
     from its Pod) and the routers' selector (read when a template's command gives none)."""
     # A default the user may set otherwise, in spec.envs too: first, so a later value wins.
     env = [{"name": READY_TIMEOUT_ENV, "value": str(MODEL_LOAD_SECONDS)}] if process == Process.WORKER else []
+    if process in ROUTERS:
+        env.append(dict(security.HOME_ENV))  # its user has no home on the read-only root
     env += [env_var(var) for var in idep.spec.envs or []]
     url = nats.client_url(idep)
     if url:

@@ -6,7 +6,7 @@ from typing import Any
 
 from hooks import runtime
 from hooks.api import InferaDeployment
-from hooks.renderers import discovery, probes
+from hooks.renderers import discovery, probes, security
 from hooks.renderers.env import operator_env
 from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
 from hooks.vocabulary import (
@@ -48,6 +48,9 @@ def frontend_sidecar(idep: InferaDeployment) -> dict[str, Any]:
         "readinessProbe": probes.router_readiness("/v1/models", port),
         "livenessProbe": probes.router_liveness(port),
         "resources": {"requests": dict(ROUTER_REQUESTS)},
+        # Restricted in a worker's pod, which is not: its own user, its own scratch.
+        "securityContext": security.restricted_container() | security.non_root_user(),
+        "volumeMounts": [security.scratch_mount()],
     }
 
 
@@ -64,8 +67,15 @@ def epp_deployment(idep: InferaDeployment) -> dict:
         "readinessProbe": probes.epp_readiness(),
         "livenessProbe": probes.epp_liveness(),
         "resources": {"requests": dict(ROUTER_REQUESTS)},
+        "securityContext": security.restricted_container(),
+        "volumeMounts": [security.scratch_mount()],
     }
-    spec: dict = {"containers": [container], "serviceAccountName": discovery.service_account_name(idep) or "default"}
+    spec: dict = {
+        "containers": [container],
+        "serviceAccountName": discovery.service_account_name(idep) or "default",
+        "securityContext": security.restricted_pod(),
+        "volumes": [security.scratch_volume()],
+    }
     discovery.unmount_unused_token(idep, spec)
     return {
         "apiVersion": "apps/v1",

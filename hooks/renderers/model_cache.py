@@ -10,6 +10,7 @@ as last applied.
 from typing import Any
 
 from hooks.api import InferaDeployment, ModelCacheSpec
+from hooks.renderers import security
 from hooks.vocabulary import (
     BY_KIND,
     COMPONENT_LABEL,
@@ -38,8 +39,6 @@ SNAPSHOT_DOWNLOAD = (
 )
 # A retry after a network error resumes where it stopped; a bad token or repository fails them all.
 BACKOFF_LIMIT = 4
-# A user the image need not know: the claim is made writable for its group (fsGroup).
-DOWNLOAD_UID = 1000
 
 
 def claim_name(idep: InferaDeployment) -> str:
@@ -92,12 +91,8 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
         "image": (downloader.image if downloader else None) or idep.spec.image,
         "command": ["sh", "-c", DOWNLOAD_WRAPPER, "download", *command],
         "env": env,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-        },
-        "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": CACHE_PATH}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": security.restricted_container(),
+        "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": CACHE_PATH}, security.scratch_mount()],
     }
     return {
         "apiVersion": BY_KIND["Job"].api_version,
@@ -113,17 +108,12 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
                     **_beside_the_worker(idep),
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,  # a download never calls the API server
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": DOWNLOAD_UID,
-                        "runAsGroup": DOWNLOAD_UID,
-                        "fsGroup": DOWNLOAD_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    # fsGroup makes the claim writable for the download's user.
+                    "securityContext": security.restricted_pod(),
                     "containers": [container],
                     "volumes": [
                         {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim_name(idep)}},
-                        {"name": "tmp", "emptyDir": {}},
+                        security.scratch_volume(),
                     ],
                 },
             },

@@ -1,6 +1,7 @@
 """The managed NATS JetStream broker: a one-pod StatefulSet and its headless Service."""
 
 from hooks.api import InferaDeployment
+from hooks.renderers import security
 from hooks.vocabulary import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
 
 CLIENT_PORT = 4222
@@ -69,6 +70,8 @@ def render(idep: InferaDeployment) -> list[dict]:
         # KV events and, with the NATS request transport, every request: a small broker.
         # Requests, no limits: a burst may use what the node has spare.
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
+        # nats-server writes its store only: a read-only root needs no scratch.
+        "securityContext": security.restricted_container(),
         "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/data"}],
     }
     statefulset = {
@@ -88,7 +91,12 @@ def render(idep: InferaDeployment) -> list[dict]:
             "template": {
                 "metadata": {"labels": dict(metadata["labels"])},
                 # The broker never calls the API server.
-                "spec": {"containers": [container], "automountServiceAccountToken": False},
+                "spec": {
+                    "containers": [container],
+                    "automountServiceAccountToken": False,
+                    # fsGroup makes the claim writable for the broker's user.
+                    "securityContext": security.restricted_pod(),
+                },
             },
             # Written as the API server stores it: Metacontroller replaces this list wholesale,
             # so a template without the server's defaults would be re-applied on every sync.

@@ -4,7 +4,7 @@ rollout defaults the template leaves unset. What the processes are told is hooks
 from hooks import preflight, runtime
 from hooks.api import InferaDeployment, ServiceSpec, primary_index
 from hooks.quantity import canonical_quantity
-from hooks.renderers import discovery, model_cache, overlay, probes
+from hooks.renderers import discovery, model_cache, overlay, probes, security
 from hooks.renderers.env import service_env
 from hooks.renderers.gaie import frontend_sidecar
 from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
@@ -64,8 +64,11 @@ def _mounts_and_volumes(
     if svc.resources.shared_memory:
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": svc.resources.shared_memory}})
+    if not svc.is_worker:
+        mounts.append(security.scratch_mount())
+        volumes.append(security.scratch_volume())
     # As upstream, on the pods rendered from the flat fields; a template decides for itself.
-    if svc.is_worker and svc.extra_pod_spec is None:
+    if svc.is_worker and svc.host_boot and svc.extra_pod_spec is None:
         mounts.append({"name": BOOT_VOLUME, "mountPath": "/boot", "readOnly": True})
         volumes.append({"name": BOOT_VOLUME, "hostPath": {"path": "/boot", "type": "Directory"}})
     return mounts, volumes
@@ -85,6 +88,9 @@ def primary_container(idep: InferaDeployment, svc: ServiceSpec, mounts: list[dic
     resources = _resources(svc)
     if resources:
         container["resources"] = resources
+    container["securityContext"] = (
+        security.worker_container(svc.rdma) if svc.is_worker else security.restricted_container()
+    )
     if mounts:
         container["volumeMounts"] = mounts
     return container
@@ -127,6 +133,7 @@ def pod_template(
         # Always set: were it dropped (etcd discovery), the API server's deprecated
         # `serviceAccount` alias would keep pointing pods at a deleted discovery account.
         "serviceAccountName": discovery.service_account_name(idep, svc) or "default",
+        "securityContext": security.worker_pod() if svc.is_worker else security.restricted_pod(),
     }
     if volumes:
         spec["volumes"] = volumes
@@ -134,10 +141,12 @@ def pod_template(
     # The serving pod of each worker replica (rank 0 of a group) joins the InferencePool.
     if idep.spec.gaie.enabled and svc.is_worker and leader:
         spec["containers"].append(frontend_sidecar(idep))
+        spec.setdefault("volumes", []).append(security.scratch_volume())
         metadata["labels"][GAIE_FRONTEND_LABEL] = "true"
     if svc.extra_pod_spec is not None:
         where = f"spec.services.{service}.extraPodSpec"
         spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
+        security.privileged_wins(spec)
     # After the template: one that names an account of its own keeps kubelet's default.
     discovery.unmount_unused_token(idep, spec)
     _complete_primary(svc, spec, leader)

@@ -11,11 +11,15 @@ there. What a cluster provides is rebuilt as small as it can be and as faithful 
   kube-apiserver outside (`graph.json`'s `api`: a Unix socket, which no network namespace
   hides; TLS passes through, so pods verify the real server's certificate).
 - **Files.** The sandbox runs in a root of its own (a tmpfs of bind mounts of the machine's
-  directories, then `chroot`), so it can give every process the cluster's `/etc/hosts` (Service
-  names and the LeaderWorkerSet leader address resolve to pod IPs) and volumes at their mount
-  paths (the NATS claim at `/data`) without touching the machine. Each container has a mount
-  namespace of its own, with its pod's ServiceAccount token at
-  `/var/run/secrets/kubernetes.io/serviceaccount`.
+  directories, then `pivot_root`), so it can give every process the cluster's `/etc/hosts` (Service
+  names and the LeaderWorkerSet leader address resolve to pod IPs) without touching the machine.
+  Each container has a mount namespace of its own (tests/e2e/container_init.py sets it up): its
+  volumes at their mount paths (an emptyDir or a StatefulSet's claim is a directory of the
+  pod's, a hostPath the node's own), its pod's ServiceAccount token at
+  `/var/run/secrets/kubernetes.io/serviceaccount`, and, as its securityContext asks, a
+  read-only root filesystem and its user (runAsUser, runAsGroup; runAsNonRoot refuses a root
+  user as kubelet does). Capabilities and seccomp are not applied: a user other than root has
+  none anyway.
 - **Containers as kubelet starts them.** The command and args of each container, with `$(VAR)`
   expanded and the downward API resolved (tests/support/kubelet.py), run unedited in the pod's network
   and in a PID namespace of their own (the command is PID 1, as in a container). The image is
@@ -61,6 +65,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN = "e2e-service-account-token"
 LOG_TAIL_LINES = 40
 SCENARIO_TIMEOUT = 150
+OLD_ROOT = ".old-root"
 
 # A machine of its own: user (as root inside), mount, network and PID namespaces.
 UNSHARE = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
@@ -143,6 +148,7 @@ class Container:
     env: dict[str, str]
     argv: list[str]
     log: Path
+    setup: dict[str, Any]  # what tests/e2e/container_init.py sets up
     process: subprocess.Popen | None = None
 
     @property
@@ -157,6 +163,13 @@ class Container:
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def enter(self) -> list[str]:
+        """nsenter into the container, as its user: where `kubectl exec` and an exec hook run."""
+        assert self.init_pid is not None, f"{self.name} is not running"
+        # Entering its user namespace with the caller's credentials makes the caller its user.
+        user = ["--user", "--preserve-credentials"] if self.setup["user"] else []
+        return ["nsenter", f"--target={self.init_pid}", *user, "--mount", "--net", "--pid", "--"]
 
     def tail(self) -> str:
         lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
@@ -299,14 +312,15 @@ class Cluster:
         (files / "hosts").write_text(self.hosts())
         self.accounts.mkdir()
         mounts = {"/etc/hosts": files / "hosts"}
-        nats_data = self.workdir / "volumes" / "nats-data"
-        nats_data.mkdir(parents=True)
-        mounts["/data"] = nats_data  # the NATS StatefulSet's claim
         root = self.workdir / "root"
         root.mkdir()
         build_root(root, mounts)
-        os.chroot(root)
+        # pivot_root rather than chroot: a chrooted process may not create a user namespace,
+        # which a container that runs as its own user needs.
+        (root / OLD_ROOT).mkdir()
+        sh("pivot_root", str(root), str(root / OLD_ROOT))
         os.chdir("/")
+        sh("umount", "--lazy", f"/{OLD_ROOT}")
         os.makedirs(SERVICE_ACCOUNT_DIR)
         (self.workdir / "home").mkdir(exist_ok=True)
         if self.spec.get("discoveryBackend") == "etcd":
@@ -389,15 +403,6 @@ class Cluster:
         unsupported += [f"{c['name']}.envFrom" for c in pod.pod.spec["containers"] if c.get("envFrom")]
         if unsupported:
             raise AssertionError(f"{pod.name}: the sandbox does not run {', '.join(unsupported)}")
-        # The container's own mount namespace, with the pod's token where kubelet mounts it;
-        # `exec` keeps the command PID 1.
-        token_dir = self.token_dir(pod)
-        mount_token = (
-            ["/bin/sh", "-c", 'mount --bind -o ro "$1" "$2" && shift 2 && exec "$@"', "mount-token"]
-            + [str(token_dir), SERVICE_ACCOUNT_DIR]
-            if token_dir is not None
-            else []
-        )
         for spec in pod.pod.spec["containers"]:
             given = kubelet.container_env(spec, pod.pod.facts, pod.labels)
             container = Container(
@@ -406,6 +411,7 @@ class Cluster:
                 {**self.image_env(pod), **given},
                 kubelet.container_argv(spec, given),
                 self.workdir / "logs" / f"{pod.name}.{spec['name']}.log",
+                self.container_setup(pod, spec),
             )
             container.log.parent.mkdir(exist_ok=True)
             with container.log.open("wb") as log:
@@ -418,7 +424,12 @@ class Cluster:
                         "--kill-child",
                         "--mount",
                         "--",
-                        *mount_token,
+                        # Its own mount namespace set up, then `exec`: the command is PID 1.
+                        sys.executable,
+                        "-I",
+                        str(REPO / "tests" / "e2e" / "container_init.py"),
+                        json.dumps(container.setup),
+                        "--",
                         *container.argv,
                     ],
                     env=container.env,
@@ -428,6 +439,37 @@ class Cluster:
                     start_new_session=True,
                 )
             pod.containers.append(container)
+
+    def container_setup(self, pod: Pod, container: dict[str, Any]) -> dict[str, Any]:
+        """What tests/e2e/container_init.py does for `container` of `pod`."""
+        volumes = {volume["name"]: volume for volume in pod.pod.spec.get("volumes") or []}
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"], {"persistentVolumeClaim": "from the StatefulSet's claim templates"})
+            if "hostPath" in volume:
+                source = Path(volume["hostPath"]["path"])
+            elif "emptyDir" in volume or ("persistentVolumeClaim" in volume and mount["name"] not in volumes):
+                source = self.workdir / "volumes" / pod.name / mount["name"]
+                source.mkdir(parents=True, exist_ok=True)
+            else:
+                raise AssertionError(f"{pod.name}: the sandbox does not mount volume {volume}")
+            source /= mount.get("subPath", "")
+            mounts.append([str(source), mount["mountPath"], bool(mount.get("readOnly"))])
+        token_dir = self.token_dir(pod)
+        if token_dir is not None:
+            mounts.append([str(token_dir), SERVICE_ACCOUNT_DIR, True])
+        pod_context = pod.pod.spec.get("securityContext") or {}
+        context = {**pod_context, **(container.get("securityContext") or {})}
+        uid = context.get("runAsUser")
+        if context.get("runAsNonRoot") and not uid:
+            # kubelet's CreateContainerConfigError (the images declare no USER: they run as root).
+            raise AssertionError(f"{pod.name}/{container['name']}: runAsNonRoot, and the image would run as root")
+        return {
+            "read_only_root": bool(context.get("readOnlyRootFilesystem")),
+            "mounts": mounts,
+            "image_paths": [str(REPO), sys.prefix, str(self.shared), str(self.workdir)],
+            "user": [uid, context.get("runAsGroup", 0)] if uid else None,
+        }
 
     def pod_object(self, pod: Pod) -> dict[str, Any]:
         template = pod.pod.template
@@ -505,7 +547,7 @@ class Cluster:
                 )
             if handler and container.init_pid:
                 hook = subprocess.Popen(
-                    ["nsenter", f"--target={container.init_pid}", "--net", "--pid", "--", *handler["exec"]["command"]],
+                    [*container.enter(), *handler["exec"]["command"]],
                     env=container.env,
                 )
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -5,6 +5,7 @@ then prints every process's last log lines."""
 import json
 import re
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -141,6 +142,26 @@ def assert_calls_allowed(cluster: Cluster) -> None:
 def start(cluster: Cluster) -> None:
     cluster.start()
     cluster.wait_ready(timeout=60)
+    assert_run_as_rendered(cluster)
+
+
+def assert_run_as_rendered(cluster: Cluster) -> None:
+    """Every container runs as the user its securityContext names, and one with a read-only
+    root filesystem can write only to its writable volumes."""
+    for pod in cluster.pods.values():
+        for container in pod.containers:
+            inside = container.enter()
+            uid = subprocess.run([*inside, "id", "-u"], capture_output=True, text=True, check=True).stdout
+            user = container.setup["user"]
+            assert int(uid) == (user[0] if user else 0), (pod.name, container.name, uid)
+            if not container.setup["read_only_root"]:
+                continue
+            written = subprocess.run([*inside, "touch", "/.infera-write-test"], capture_output=True, text=True)
+            assert "Read-only file system" in written.stderr, (pod.name, container.name, written)
+            for _, target, read_only in container.setup["mounts"]:
+                if not read_only:
+                    probe = f"{target}/.infera-write-test"
+                    subprocess.run([*inside, "sh", "-c", f"touch {probe} && rm {probe}"], check=True)
 
 
 def assert_registered(cluster: Cluster, *services: str) -> None:
