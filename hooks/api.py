@@ -741,7 +741,7 @@ class ServiceSpec(ApiModel):
     env: list[EnvVar] | None = None
     """Extra environment variables of this service; they win over spec.envs."""
     skip_readiness_probe: bool = False
-    """Do not inject the health probes (readiness, and a worker's startup and liveness probes): for
+    """Do not inject the health probes (readiness and liveness, and a worker's startup probe): for
     engines that do not serve /health on the service port."""
     extra_pod_spec: Annotated[
         dict[str, Any] | None,

@@ -14,6 +14,7 @@ import yaml
 from hooks.api import AUTOSCALING_RANGE_RULE
 from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
 from tests.support.docs import readme_local_cluster
+from tests.support.pod_security import LEVELS, documented_levels, pod_templates, rendered
 from tests.support.prerequisites import REPO, need, need_schemas
 from tests.support.requests import PD, parent
 
@@ -114,6 +115,39 @@ def test_every_child_an_example_renders_passes_the_real_api_servers_admission(cl
     assert applied.returncode == 0, applied.stderr
     assert all(line.endswith(" created (server dry run)") for line in applied.stdout.splitlines())
     assert len(applied.stdout.splitlines()) == len([doc for doc in yaml.safe_load_all(rendered.stdout) if doc])
+
+
+def test_pod_security_admission_admits_each_pod_at_exactly_the_documented_level(cluster: Path, tmp_path: Path) -> None:
+    """Every kind of pod the hook renders, created (server-side dry run) in namespaces that
+    enforce each Pod Security level: the most restrictive level that admits it is the one
+    docs/security.md (and the README) give it."""
+    kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(cluster)]
+    admitted: dict[str, list[str]] = {}
+    for level in LEVELS:
+        namespace = f"pod-security-{level}"
+        labels = {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "v1.33"}
+        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}}
+        children = rendered(tmp_path, namespace)
+        # The pods' ServiceAccounts exist, so only Pod Security can refuse a pod.
+        accounts = [child for child in children if child["kind"] == "ServiceAccount"]
+        for obj in (manifest, *accounts):
+            applied = kubectl_run(kubectl, "apply", "--server-side", "-f", "-", stdin=json.dumps(obj))
+            assert applied.returncode == 0, applied.stderr
+        for row, template in pod_templates(children).items():
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "judged", "namespace": namespace, **template["metadata"]},
+                "spec": template["spec"],
+            }
+            created = kubectl_run(kubectl, "create", "--dry-run=server", "-f", "-", stdin=json.dumps(pod))
+            if created.returncode == 0:
+                admitted.setdefault(row, []).append(level)
+            else:
+                assert "violates PodSecurity" in created.stderr, (row, level, created.stderr)
+    assert {row: levels[0] for row, levels in admitted.items()} == documented_levels()
+    # A level admits every pod a stricter one does.
+    assert all(levels == list(LEVELS[LEVELS.index(levels[0]) :]) for levels in admitted.values()), admitted
 
 
 def test_one_command_brings_up_a_cluster_a_person_can_try_and_one_tears_it_down(tmp_path: Path) -> None:

@@ -515,8 +515,8 @@ def test_frontend_sidecar() -> None:
             "capabilities": {"drop": ["ALL"]},
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
         },
         "volumeMounts": [SCRATCH_MOUNT],
     }

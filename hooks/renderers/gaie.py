@@ -24,8 +24,8 @@ from hooks.vocabulary import (
 
 FRONTEND_CONTAINER = "infera-frontend"
 FRONTEND_PORT_NAME = "frontend"
-# The picker and the frontend are routers: a tokenizer in memory and the scoring of each
-# request. Requests, no limits: a burst may use what the node has spare (patches can set
+# The server, the picker and the frontend are routers: a tokenizer in memory and the scoring
+# of each request. Requests, no limits: a burst may use what the node has spare (patches can set
 # limits, or other requests).
 ROUTER_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 

@@ -37,6 +37,7 @@ SNAPSHOT_DOWNLOAD = (
     'snapshot_download(os.environ["INFERA_MODEL_REPO"], revision=os.environ.get("INFERA_MODEL_REVISION") or None, '
     'local_dir=os.environ["INFERA_MODEL_DIR"])'
 )
+DOWNLOAD_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
 # A retry after a network error resumes where it stopped; a bad token or repository fails them all.
 BACKOFF_LIMIT = 4
 
@@ -91,6 +92,9 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
         "image": (downloader.image if downloader else None) or idep.spec.image,
         "command": ["sh", "-c", DOWNLOAD_WRAPPER, "download", *command],
         "env": env,
+        # Streams files to the claim and hashes them. Requests, no limits: a download may use
+        # what the node has spare.
+        "resources": {"requests": dict(DOWNLOAD_REQUESTS)},
         "securityContext": security.restricted_container(),
         "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": CACHE_PATH}, security.scratch_mount()],
     }

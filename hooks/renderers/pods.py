@@ -6,7 +6,7 @@ from hooks.api import InferaDeployment, ServiceSpec, primary_index
 from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, model_cache, overlay, probes, security
 from hooks.renderers.env import service_env
-from hooks.renderers.gaie import frontend_sidecar
+from hooks.renderers.gaie import ROUTER_REQUESTS, frontend_sidecar
 from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
 
 # As the upstream operator names them: scripts run `kubectl logs -c infera`.
@@ -20,7 +20,8 @@ BOOT_VOLUME = "boot-config"
 
 def _resources(svc: ServiceSpec) -> dict:
     spec = svc.resources
-    requests: dict[str, str] = {}
+    # A server asks for a router's share unless told otherwise; a worker's needs are its model's.
+    requests: dict[str, str] = {} if svc.is_worker else dict(ROUTER_REQUESTS)
     limits: dict[str, str] = {}
     if spec.cpu:
         requests["cpu"] = spec.cpu
@@ -107,6 +108,7 @@ def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
     if not svc.is_worker:
         if not svc.skip_readiness_probe:
             primary.setdefault("readinessProbe", probes.router_readiness("/health", port))
+            primary.setdefault("livenessProbe", probes.router_liveness(port))
         return
     # Only the pod that serves HTTP (rank 0 of a group) answers /health; the other ranks
     # restart with their group (RecreateGroupOnPodRestart).

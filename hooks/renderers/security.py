@@ -11,9 +11,10 @@ seccomp. extraPodSpec and spec.patches are laid over all of it.
 
 from typing import Any
 
-# A user the images need not know: volumes that must be writable are made so for its group
-# (fsGroup); emptyDirs are writable by anyone.
-RESTRICTED_UID = 1000
+# A user the images need not know (distroless images' "nonroot"), above the range a node's own
+# accounts use: volumes that must be writable are made so for its group (fsGroup); emptyDirs
+# are writable by anyone.
+RESTRICTED_UID = 65532
 SCRATCH_VOLUME = "tmp"
 SCRATCH_PATH = "/tmp"
 # A user unknown to the image gets HOME=/, on the read-only root: caches (the tokenizer's, under
