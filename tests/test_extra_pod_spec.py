@@ -91,7 +91,7 @@ def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
     # The template's capabilities on top of the operator's worker defaults.
     assert main["securityContext"] == {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_PTRACE", "SYS_RESOURCE"]},  # rdma: true
     }
     assert spec["serviceAccountName"] == "qwen-pd-register"
     assert spec["terminationGracePeriodSeconds"] == 120  # raised to cover the drain, never lowered
@@ -320,9 +320,14 @@ def test_upstream_inferadeployment_renders_and_keeps_its_template(hooks, name: s
                     assert main[field] == user[field], (service, field)
             # Laid key by key over the operator's; privileged drops the escalation default.
             context = user.get("securityContext", {})
-            expected = {"allowPrivilegeEscalation": False}
+            expected: dict[str, Any] = {"allowPrivilegeEscalation": False}
             if svc["componentType"] == "server":
-                expected["readOnlyRootFilesystem"] = True
+                expected |= {
+                    "readOnlyRootFilesystem": True,
+                    "runAsNonRoot": True,
+                    "runAsUser": 65532,
+                    "runAsGroup": 65532,
+                }
             expected |= context
             expected["capabilities"] = {"drop": ["ALL"], **context.get("capabilities", {})}
             if context.get("privileged"):

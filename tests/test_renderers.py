@@ -38,8 +38,8 @@ BOOT_MOUNT = {"name": "boot-config", "mountPath": "/boot", "readOnly": True}
 BOOT_VOLUME = {"name": "boot-config", "hostPath": {"path": "/boot", "type": "Directory"}}
 PROBES = {"startupProbe", "livenessProbe", "readinessProbe"}
 HOME_ENV = {"name": "HOME", "value": "/tmp"}
-SCRATCH_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
-SCRATCH_VOLUME = {"name": "tmp", "emptyDir": {}}
+SCRATCH_MOUNT = {"name": "infera-tmp", "mountPath": "/tmp"}
+SCRATCH_VOLUME = {"name": "infera-tmp", "emptyDir": {}}
 
 
 def build(

@@ -49,7 +49,7 @@ def frontend_sidecar(idep: InferaDeployment) -> dict[str, Any]:
         "livenessProbe": probes.router_liveness(port),
         "resources": {"requests": dict(ROUTER_REQUESTS)},
         # Restricted in a worker's pod, which is not: its own user, its own scratch.
-        "securityContext": security.restricted_container() | security.non_root_user(),
+        "securityContext": security.restricted_container(),
         "volumeMounts": [security.scratch_mount()],
     }
 
@@ -73,7 +73,7 @@ def epp_deployment(idep: InferaDeployment) -> dict:
     spec: dict = {
         "containers": [container],
         "serviceAccountName": discovery.service_account_name(idep) or "default",
-        "securityContext": security.restricted_pod(),
+        "securityContext": security.pod_context(),
         "volumes": [security.scratch_volume()],
     }
     discovery.unmount_unused_token(idep, spec)

@@ -37,6 +37,8 @@ SNAPSHOT_DOWNLOAD = (
     'snapshot_download(os.environ["INFERA_MODEL_REPO"], revision=os.environ.get("INFERA_MODEL_REVISION") or None, '
     'local_dir=os.environ["INFERA_MODEL_DIR"])'
 )
+# A download streams files to the claim and hashes them. Requests, no limits: it may use what
+# the node has spare.
 DOWNLOAD_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
 # A retry after a network error resumes where it stopped; a bad token or repository fails them all.
 BACKOFF_LIMIT = 4
@@ -92,8 +94,6 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
         "image": (downloader.image if downloader else None) or idep.spec.image,
         "command": ["sh", "-c", DOWNLOAD_WRAPPER, "download", *command],
         "env": env,
-        # Streams files to the claim and hashes them. Requests, no limits: a download may use
-        # what the node has spare.
         "resources": {"requests": dict(DOWNLOAD_REQUESTS)},
         "securityContext": security.restricted_container(),
         "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": CACHE_PATH}, security.scratch_mount()],
@@ -112,8 +112,7 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
                     **_beside_the_worker(idep),
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,  # a download never calls the API server
-                    # fsGroup makes the claim writable for the download's user.
-                    "securityContext": security.restricted_pod(),
+                    "securityContext": security.pod_context(claims=True),
                     "containers": [container],
                     "volumes": [
                         {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim_name(idep)}},

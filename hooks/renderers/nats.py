@@ -94,8 +94,7 @@ def render(idep: InferaDeployment) -> list[dict]:
                 "spec": {
                     "containers": [container],
                     "automountServiceAccountToken": False,
-                    # fsGroup makes the claim writable for the broker's user.
-                    "securityContext": security.restricted_pod(),
+                    "securityContext": security.pod_context(claims=True),
                 },
             },
             # Written as the API server stores it: Metacontroller replaces this list wholesale,

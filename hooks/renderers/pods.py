@@ -20,8 +20,7 @@ BOOT_VOLUME = "boot-config"
 
 def _resources(svc: ServiceSpec) -> dict:
     spec = svc.resources
-    # A server asks for a router's share unless told otherwise; a worker's needs are its model's.
-    requests: dict[str, str] = {} if svc.is_worker else dict(ROUTER_REQUESTS)
+    requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if spec.cpu:
         requests["cpu"] = spec.cpu
@@ -109,6 +108,13 @@ def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
         if not svc.skip_readiness_probe:
             primary.setdefault("readinessProbe", probes.router_readiness("/health", port))
             primary.setdefault("livenessProbe", probes.router_liveness(port))
+        # A router's share where neither the flat fields nor a template size it (a template's
+        # lone limit is its request too, as the API server defaults it); a worker's needs are
+        # its model's.
+        resources = primary.setdefault("resources", {})
+        for name, quantity in ROUTER_REQUESTS.items():
+            if name not in (resources.get("requests") or {}) and name not in (resources.get("limits") or {}):
+                resources.setdefault("requests", {})[name] = quantity
         return
     # Only the pod that serves HTTP (rank 0 of a group) answers /health; the other ranks
     # restart with their group (RecreateGroupOnPodRestart).
@@ -135,7 +141,7 @@ def pod_template(
         # Always set: were it dropped (etcd discovery), the API server's deprecated
         # `serviceAccount` alias would keep pointing pods at a deleted discovery account.
         "serviceAccountName": discovery.service_account_name(idep, svc) or "default",
-        "securityContext": security.worker_pod() if svc.is_worker else security.restricted_pod(),
+        "securityContext": security.pod_context(),
     }
     if volumes:
         spec["volumes"] = volumes
@@ -148,7 +154,7 @@ def pod_template(
     if svc.extra_pod_spec is not None:
         where = f"spec.services.{service}.extraPodSpec"
         spec = overlay.normalize(overlay.overlay(spec, svc.extra_pod_spec, where), where)
-        security.privileged_wins(spec)
+        security.settle_template(spec, spec["containers"][primary_index(spec["containers"])], svc.rdma)
     # After the template: one that names an account of its own keeps kubelet's default.
     discovery.unmount_unused_token(idep, spec)
     _complete_primary(svc, spec, leader)

@@ -18,8 +18,9 @@ there. What a cluster provides is rebuilt as small as it can be and as faithful 
   pod's, a hostPath the node's own), its pod's ServiceAccount token at
   `/var/run/secrets/kubernetes.io/serviceaccount`, and, as its securityContext asks, a
   read-only root filesystem and its user (runAsUser, runAsGroup; runAsNonRoot refuses a root
-  user as kubelet does). Capabilities and seccomp are not applied: a user other than root has
-  none anyway.
+  user as kubelet does). Not emulated: capabilities, no_new_privs and seccomp (a container run
+  as root keeps the sandbox's), nor file ownership and fsGroup (the container's user owns what
+  this machine's user owns, so only a read-only mount stops a write).
 - **Containers as kubelet starts them.** The command and args of each container, with `$(VAR)`
   expanded and the downward API resolved (tests/support/kubelet.py), run unedited in the pod's network
   and in a PID namespace of their own (the command is PID 1, as in a container). The image is
@@ -445,10 +446,11 @@ class Cluster:
         volumes = {volume["name"]: volume for volume in pod.pod.spec.get("volumes") or []}
         mounts = []
         for mount in container.get("volumeMounts") or []:
-            volume = volumes.get(mount["name"], {"persistentVolumeClaim": "from the StatefulSet's claim templates"})
-            if "hostPath" in volume:
+            volume = volumes.get(mount["name"])
+            if volume is not None and "hostPath" in volume:
                 source = Path(volume["hostPath"]["path"])
-            elif "emptyDir" in volume or ("persistentVolumeClaim" in volume and mount["name"] not in volumes):
+            # An emptyDir, or a StatefulSet's claim (the pod template lists no volume for it).
+            elif volume is None or "emptyDir" in volume:
                 source = self.workdir / "volumes" / pod.name / mount["name"]
                 source.mkdir(parents=True, exist_ok=True)
             else:

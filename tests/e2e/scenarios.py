@@ -145,19 +145,25 @@ def start(cluster: Cluster) -> None:
     assert_run_as_rendered(cluster)
 
 
+# The containers the hook renders restricted (a server's `infera` by its pod's component).
+RESTRICTED_CONTAINERS = {"nats", "epp", "infera-frontend"}
+RESTRICTED_UID = 65532
+
+
 def assert_run_as_rendered(cluster: Cluster) -> None:
-    """Every container runs as the user its securityContext names, and one with a read-only
-    root filesystem can write only to its writable volumes."""
+    """The routers and the broker run as uid 65532 on a read-only root and can write only to
+    their writable volumes; an engine runs as its image's root on a writable one."""
     for pod in cluster.pods.values():
         for container in pod.containers:
+            restricted = container.name in RESTRICTED_CONTAINERS or (
+                container.name == "infera" and pod.labels.get("infera.amd.com/component") == "server"
+            )
             inside = container.enter()
             uid = subprocess.run([*inside, "id", "-u"], capture_output=True, text=True, check=True).stdout
-            user = container.setup["user"]
-            assert int(uid) == (user[0] if user else 0), (pod.name, container.name, uid)
-            if not container.setup["read_only_root"]:
-                continue
             written = subprocess.run([*inside, "touch", "/.infera-write-test"], capture_output=True, text=True)
-            assert "Read-only file system" in written.stderr, (pod.name, container.name, written)
+            assert (int(uid), "Read-only file system" in written.stderr) == (
+                (RESTRICTED_UID, True) if restricted else (0, False)
+            ), (pod.name, container.name, uid, written.stderr)
             for _, target, read_only in container.setup["mounts"]:
                 if not read_only:
                     probe = f"{target}/.infera-write-test"
