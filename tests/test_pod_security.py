@@ -12,21 +12,14 @@ import pytest
 import yaml
 
 from hooks import cli
-from tests.support.pod_security import documented_levels, pod_templates, readme_levels, rendered
+from tests.support.pod_security import RESTRICTED_CONTAINER, documented_levels, pod_templates, readme_levels, rendered
 from tests.support.prerequisites import REPO, need
 from tests.support.requests import parent
 
 CHECKOV = REPO / ".cache" / "checkov" / "bin" / "checkov"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "runAsUser": 65532,
-    "runAsGroup": 65532,
-}
+RESTRICTED = RESTRICTED_CONTAINER
 CLAIMS = SECCOMP | {"fsGroup": 65532}
 RDMA_CAPABILITIES = ["IPC_LOCK", "SYS_PTRACE", "SYS_RESOURCE"]
 ENGINE = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}

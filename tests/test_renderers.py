@@ -18,6 +18,7 @@ from hooks.reconcile import render_children
 from hooks.renderers import autoscaling, discovery, env, gaie, nats, overlay, pods, probes, services, workloads
 from hooks.renderers.patches import apply_patches
 from hooks.runtime import Process
+from tests.support.pod_security import RESTRICTED_CONTAINER
 from tests.support.requests import parent
 from tests.support.schemas import validate_object
 
@@ -510,14 +511,7 @@ def test_frontend_sidecar() -> None:
         },
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
         # Restricted on its own in a worker's pod, which is not.
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-        },
+        "securityContext": RESTRICTED_CONTAINER,
         "volumeMounts": [SCRATCH_MOUNT],
     }
     assert gaie.render(build()) == []

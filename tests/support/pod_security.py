@@ -12,6 +12,15 @@ from hooks import cli
 from tests.support.docs import DOCS, README, section
 
 LEVELS = ("restricted", "baseline", "privileged")
+# The securityContext of every container the hook renders restricted.
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+}
 WORKER = {
     "componentType": "worker",
     "resources": {"gpu": 1, "cpu": "8", "memory": "32Gi"},
