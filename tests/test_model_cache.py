@@ -14,6 +14,7 @@ import pytest
 
 from hooks.api import InferaDeployment
 from hooks.renderers import model_cache
+from tests.support.pod_security import RESTRICTED_CONTAINER
 from tests.support.requests import PD, children_by_key, parent
 from tests.support.simulator import Metacontroller
 
@@ -168,15 +169,14 @@ def test_the_claim_and_the_job_as_rendered(hooks) -> None:
     (job,) = [child for (kind, _), child in children.items() if kind == "Job"]
     assert job["spec"]["backoffLimit"] == 4 and "ttlSecondsAfterFinished" not in job["spec"]
     pod = job["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True and pod["restartPolicy"] == "Never"
+    # The claim writable for the download's group, RuntimeDefault seccomp.
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}, "fsGroup": 65532}
+    assert pod["restartPolicy"] == "Never"
     assert pod["automountServiceAccountToken"] is False  # a download never calls the API server
     (container,) = pod["containers"]
     assert container["image"] == "rocm/infera:sglang-v0.1.1"
-    assert container["securityContext"] == {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": True,
-    }
+    assert container["securityContext"] == RESTRICTED_CONTAINER
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}}
     env = {var["name"]: var.get("value", var.get("valueFrom")) for var in container["env"]}
     assert env["INFERA_MODEL_REPO"] == "Qwen/Qwen3-0.6B"
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN"}}

@@ -173,7 +173,7 @@ def test_a_doubling_patch_bomb_fails_fast_in_bounded_memory(tmp_path: Path) -> N
         assert answer["status"]["state"] == "failed"
         assert answer["status"]["message"] == (
             "patches[0] (Deployment qwen-pd-decode): operation 17 (copy /spec/x/-): Deployment qwen-pd-decode could "
-            "grow to 1,575,371 bytes; the API server stores at most 1,572,864 bytes (1.5 MiB) per object: shorten "
+            "grow to 1,575,566 bytes; the API server stores at most 1,572,864 bytes (1.5 MiB) per object: shorten "
             "what the spec puts in it (envs, args, extraPodSpec, patches)"
         )
         assert answer["children"] == []  # nothing was observed, so nothing is kept or created

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.pod_security import RESTRICTED_CONTAINER
 from tests.support.requests import PD, as_vllm, children_by_key, parent, request_body
 
 SELECTOR = "infera.amd.com/deployment=qwen-pd"
@@ -80,6 +81,7 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
                 "metadata": {"labels": {**labels("prefill"), "infera.amd.com/component": "worker"}},
                 "spec": {
                     "serviceAccountName": "qwen-pd-register",
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "terminationGracePeriodSeconds": 120,
                     "containers": [
                         {
@@ -114,6 +116,12 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
                             "resources": {
                                 "requests": {"memory": "64Gi", "amd.com/gpu": "1"},
                                 "limits": {"amd.com/gpu": "1"},
+                            },
+                            # Root (the engine writes into its image), without escalation; the
+                            # example's rdma: true gives mori what it needs to pin memory.
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_PTRACE", "SYS_RESOURCE"]},
                             },
                             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, BOOT_MOUNT],
                             "startupProbe": {
@@ -179,12 +187,14 @@ def test_server_deployment_and_service(hooks) -> None:
     ]
     assert main["args"] == ["--router-policy", "kv-aware", "--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
     assert main["env"] == [
+        {"name": "HOME", "value": "/tmp"},  # its user has no home on the read-only root
         {"name": "NATS_SERVER", "value": NATS_URL},
         *IDENTITY_ENV,
         {"name": "INFERA_K8S_LABEL_SELECTOR", "value": SELECTOR},
     ]
     assert main["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}}
-    # Ready once it serves HTTP; no GPU, no /boot, no drain.
+    # Ready once it serves HTTP, restarted when hung; no GPU, no /boot, no drain; restricted,
+    # writing only to its scratch /tmp.
     assert main["readinessProbe"] == {
         "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
         "successThreshold": 1,
@@ -192,7 +202,17 @@ def test_server_deployment_and_service(hooks) -> None:
         "timeoutSeconds": 5,
         "failureThreshold": 3,
     }
-    assert not {"startupProbe", "livenessProbe", "lifecycle", "volumeMounts"} & set(main)
+    assert main["livenessProbe"] == {
+        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+        "successThreshold": 1,
+        "periodSeconds": 20,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    assert main["securityContext"] == RESTRICTED_CONTAINER
+    assert main["volumeMounts"] == [{"name": "infera-tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"] == [{"name": "infera-tmp", "emptyDir": {}}]
+    assert not {"startupProbe", "lifecycle"} & set(main)
     assert children_by_key(answer)[("Service", "qwen-pd-server")]["spec"] == {
         "type": "ClusterIP",
         "selector": {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/service": "server"},
@@ -284,7 +304,7 @@ def test_etcd_discovery(hooks) -> None:
     for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
         main = container(answer, name)
         assert "--k8s-label-selector" not in main["command"]
-        assert [v["name"] for v in main["env"] if v["name"] != "INFERA_ENGINE_READY_TIMEOUT"] == [
+        assert [v["name"] for v in main["env"] if v["name"] not in ("INFERA_ENGINE_READY_TIMEOUT", "HOME")] == [
             "NATS_SERVER",
             "POD_NAME",
             "POD_NAMESPACE",
