@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from hooks.server import GRACEFUL_TIMEOUT_SECONDS
+from hooks.vocabulary import REGISTRATION_SUFFIX
 from tests.support.checkout import copy_checkout
 from tests.support.docs import readme_overlay_script
-from tests.support.prerequisites import REPO, need_kubectl, need_schemas
+from tests.support.prerequisites import REPO, need_kubectl, need_runtime, need_schemas
 from tests.support.requests import RESOURCE_KINDS
 from tests.support.schemas import validate_object
 
@@ -49,7 +50,9 @@ def test_bundle_contents(bundle) -> None:
         ("PodDisruptionBudget", "infera-hooks"),
         ("Service", "infera-hooks"),
         ("ServiceAccount", "infera-hooks"),
+        ("ValidatingAdmissionPolicy", "infera-registration-own-pod-only"),
         ("ValidatingAdmissionPolicy", "infera-scaling-api-replicas-only"),
+        ("ValidatingAdmissionPolicyBinding", "infera-registration-own-pod-only"),
         ("ValidatingAdmissionPolicyBinding", "infera-scaling-api-replicas-only"),
     ]
     cluster_scoped = ("CompositeController", "CustomResourceDefinition", "Namespace", "ValidatingAdmissionPolicy")
@@ -62,6 +65,20 @@ def test_every_bundle_object_validates(bundle) -> None:
     need_schemas()  # the CompositeController is checked against Metacontroller's own CRD
     for obj in bundle.values():
         validate_object(obj)
+
+
+def test_the_registration_policy_names_the_runtimes_annotation_and_the_workers_accounts(
+    bundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What it holds a worker to is what the runtime patches (the real API server's verdicts
+    are in test_controlplane_graphs.py)."""
+    monkeypatch.syspath_prepend(str(need_runtime()))
+    from infera.common.discovery_k8s import WORKER_INFO_ANNOTATION
+
+    spec = bundle[("ValidatingAdmissionPolicy", "infera-registration-own-pod-only")]["spec"]
+    assert {v["name"]: v["expression"] for v in spec["variables"]}["registration"] == f"'{WORKER_INFO_ANNOTATION}'"
+    (condition,) = spec["matchConditions"]
+    assert f"endsWith('-{REGISTRATION_SUFFIX}')" in condition["expression"]
 
 
 def test_composite_controller_registers_exactly_the_core_kinds(bundle) -> None:

@@ -117,16 +117,15 @@ def test_the_bundle_installs_with_its_hooks_pointed_at_loopback(installed: Insta
     ]
     # Discovery and OpenAPI publish an established CRD a moment later.
     eventually(lambda: cluster.kubectl("explain", "idep.spec.services").returncode == 0, "kubectl explain", 60)
-    # The API server type-checks the scaling policy's CEL against the CRD's schema.
-    policy = eventually(
-        lambda: (
-            "typeChecking"
-            in (p := get(cluster, "validatingadmissionpolicy", "infera-scaling-api-replicas-only")).get("status", {})
-            and p
-        ),
-        "the scaling policy's type check",
-    )
-    assert policy["status"]["typeChecking"] == {}
+    # The API server type-checks each policy's CEL against the schemas of what it matches.
+    for name in ("infera-scaling-api-replicas-only", "infera-registration-own-pod-only"):
+        policy = eventually(
+            lambda name=name: (
+                "typeChecking" in (p := get(cluster, "validatingadmissionpolicy", name)).get("status", {}) and p
+            ),
+            f"{name}'s type check",
+        )
+        assert policy["status"]["typeChecking"] == {}, name
 
 
 def columns(cluster: Cluster, namespace: str, name: str, output: str = "") -> dict[str, str]:
@@ -388,8 +387,9 @@ def test_the_runtimes_worker_registers_and_its_router_discovers_it_under_the_ren
     installed: Installed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runtime's own Kubernetes clients (the worker's K8sRegistrationClient, the router's
-    KubernetesRegistry), each with a TokenRequest token of the account its pod runs as, against
-    the real API server and its RBAC authorizer."""
+    KubernetesRegistry), each with a TokenRequest token of the account its pod runs as, bound to
+    its pod as kubelet's is, against the real API server, its RBAC authorizer and the bundle's
+    registration policy."""
     monkeypatch.syspath_prepend(str(need_runtime()))
     cluster = installed.cluster
     ready_graph(installed, "runtime")
@@ -401,11 +401,11 @@ def test_the_runtimes_worker_registers_and_its_router_discovers_it_under_the_ren
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", str(address.hostname))
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(address.port))
 
-    def mount(account: str) -> None:
-        """What the kubelet mounts into a pod running as `account`."""
-        directory = tmp_path / account
+    def mount(pod: dict[str, Any]) -> None:
+        """What the kubelet mounts into `pod`: a token of its account, bound to it."""
+        directory = tmp_path / pod["metadata"]["name"]
         directory.mkdir()
-        (directory / "token").write_text(cluster.token("runtime", account))
+        (directory / "token").write_text(cluster.token("runtime", pod["spec"]["serviceAccountName"], pod=pod))
         (directory / "ca.crt").write_text(Path(cluster.ca).read_text())
         (directory / "namespace").write_text("runtime")
         for name in ("token", "ca.crt", "namespace"):
@@ -423,11 +423,13 @@ def test_the_runtimes_worker_registers_and_its_router_discovers_it_under_the_ren
     selector = server["command"][server["command"].index("--k8s-label-selector") + 1]
 
     async def scenario() -> None:
-        mount("qwen-pd-register")
-        clients = [registration.K8sRegistrationClient(pod_name=pod["metadata"]["name"]) for pod in workers]
+        clients = []
+        for pod in workers:
+            mount(pod)
+            clients.append(registration.K8sRegistrationClient(pod_name=pod["metadata"]["name"]))
         for client, pod in zip(clients, workers, strict=True):
             await client.register(engine_config(model_name="Qwen/Qwen3-0.6B", host=pod["status"]["podIP"], port=8000))
-        mount("qwen-pd-disc")
+        mount(by_service["server"])
         registry = discovery.KubernetesRegistry(selector)
         await registry.start()
         try:
@@ -448,6 +450,62 @@ def test_the_runtimes_worker_registers_and_its_router_discovers_it_under_the_ren
     assert [can_i("qwen-pd-register", "patch", "pods"), can_i("qwen-pd-register", "list", "pods")] == ["yes", "no"]
     assert [can_i("qwen-pd-disc", "watch", "pods"), can_i("qwen-pd-disc", "patch", "pods")] == ["yes", "no"]
     assert can_i("qwen-pd-disc", "get", "secrets") == "no"
+
+
+REGISTRATION_POLICY = "infera-registration-own-pod-only"
+WORKER_INFO = "infera.amd.com/worker-info"
+
+
+def test_a_workers_token_may_patch_only_its_own_pods_registration(installed: Installed) -> None:
+    """RBAC lets a graph's worker account patch every Pod of the namespace; the bundle's
+    ValidatingAdmissionPolicy holds it to what the runtime does. A token bound to the decode
+    worker's Pod (what kubelet mounts there) registers and deregisters it, and the real API
+    server refuses the rest: another Pod, a token bound to no Pod, another annotation, a label
+    that would move the Pod into another selector, a new image."""
+    cluster = installed.cluster
+    ready_graph(installed, "attack")
+    pods = get(cluster, "-n", "attack", "pods", "-l", "infera.amd.com/deployment=qwen-pd")["items"]
+    by_service = {pod["metadata"]["labels"]["infera.amd.com/service"]: pod for pod in pods}
+    decode, prefill, server = by_service["decode"], by_service["prefill"], by_service["server"]
+    bound = cluster.as_token(cluster.token("attack", "qwen-pd-register", pod=decode))
+    unbound = cluster.as_token(cluster.token("attack", "qwen-pd-register"))
+
+    def patch(client: Any, pod: dict[str, Any], body: Any, kind: str = "merge-patch+json") -> tuple[int, str]:
+        name = pod["metadata"]["name"]
+        reply = client.patch(
+            f"/api/v1/namespaces/attack/pods/{name}",
+            content=json.dumps(body),
+            headers={"Content-Type": f"application/{kind}"},
+        )
+        denied = f'pods "{name}" is forbidden: ValidatingAdmissionPolicy {REGISTRATION_POLICY!r} with binding '
+        denied += f"{REGISTRATION_POLICY!r} denied request: "
+        return reply.status_code, reply.json().get("message", "").removeprefix(denied)
+
+    record = {"metadata": {"annotations": {WORKER_INFO: json.dumps({"url": "http://10.0.0.99:8000"})}}}
+    own_pod = "a graph's worker may patch only the Pod its token is bound to"
+    annotation = "a graph's worker may change only its Pod's infera.amd.com/worker-info annotation"
+    the_rest = "a graph's worker may not change its Pod's labels, finalizers, owners or spec"
+    image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "attacker/engine:latest"}]
+    assert [
+        patch(bound, decode, record),
+        patch(bound, decode, {"metadata": {"annotations": {WORKER_INFO: None}}}),
+        patch(bound, prefill, record),
+        patch(bound, server, record),
+        patch(unbound, decode, record),
+        patch(bound, decode, {"metadata": {"annotations": {"infera.amd.com/other": "x"}}}),
+        patch(bound, decode, {"metadata": {"labels": {"infera.amd.com/service": "prefill"}}}),
+        patch(bound, decode, image, "json-patch+json"),
+    ] == [(200, ""), (200, ""), (403, own_pod), (403, own_pod), (403, own_pod), (403, annotation)] + [
+        (403, the_rest)
+    ] * 2
+    after = {pod["metadata"]["name"]: pod for pod in get(cluster, "-n", "attack", "pods")["items"]}
+    for pod in (decode, prefill, server):
+        now = after[pod["metadata"]["name"]]
+        assert (now["metadata"].get("annotations"), now["metadata"]["labels"], now["spec"]) == (
+            pod["metadata"].get("annotations"),
+            pod["metadata"]["labels"],
+            pod["spec"],
+        )
 
 
 def pods_by_workload(cluster: Cluster, namespace: str) -> dict[str, list[str]]:
@@ -475,7 +533,7 @@ def test_the_rendered_graph_serves_a_chat_completion_with_discovery_through_the_
     """The data-plane sandbox (tests/e2e/sandbox.py: the runtime's real router and worker
     wrapper, a real NATS, the stand-in engine) runs the graph the controllers made here: its
     pods under the names the real Pods have, each container holding a TokenRequest token of its
-    pod's ServiceAccount, the API server reached through a relay that passes TLS through. The
+    pod's ServiceAccount bound to that Pod, the API server reached through a relay that passes TLS through. The
     worker registers by patching its own Pod, the router finds it with a watch and serves a
     chat completion; the audit log shows what the graph's accounts wrote, and the Pod keeps the
     record."""
@@ -496,7 +554,6 @@ def test_the_rendered_graph_serves_a_chat_completion_with_discovery_through_the_
         assert waited.returncode == 0, (waited.stderr, cluster.unready_pods(namespace))
         live = get(cluster, "-n", namespace, "idep", "e2e")
         pods = get(cluster, "-n", namespace, "pods")["items"]
-        accounts = sorted({pod["spec"]["serviceAccountName"] for pod in pods})
         owned = children(cluster, namespace, live["metadata"]["uid"])
         api_socket = workdir / "api.sock"
         address = urlsplit(cluster.server)
@@ -515,7 +572,12 @@ def test_the_rendered_graph_serves_a_chat_completion_with_discovery_through_the_
                         "api": {
                             "socket": str(api_socket),
                             "ca": Path(cluster.ca).read_text(),
-                            "tokens": {account: cluster.token(namespace, account) for account in accounts},
+                            "tokens": {
+                                pod["metadata"]["name"]: cluster.token(
+                                    namespace, pod["spec"]["serviceAccountName"], pod=pod
+                                )
+                                for pod in pods
+                            },
                             "pod_names": pods_by_workload(cluster, namespace),
                         },
                     }

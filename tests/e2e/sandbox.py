@@ -223,8 +223,8 @@ class Cluster:
         self.namespace = self.idep["metadata"]["namespace"]
         self.spec = self.idep["spec"]
         self.shared = Path(graph["shared"])
-        # A real API server's: its Unix socket, CA, a token per ServiceAccount, the names its
-        # controllers gave each workload's pods (by kind/name of the workload).
+        # A real API server's: its Unix socket, CA, a token per pod (of its account, bound to
+        # it), the names its controllers gave each workload's pods (by kind/name of the workload).
         self.api: dict[str, Any] | None = graph.get("api")
         self.by_key = {(c["kind"], c["metadata"]["name"]): c for c in self.children}
         self.pods: dict[str, Pod] = {}
@@ -331,8 +331,8 @@ class Cluster:
             self.stop_relay = serve_relay(
                 socket.create_server((NODE_IP, API_PORT)), lambda: unix_connection(api_socket)
             )
-            for account, token in self.api["tokens"].items():
-                directory = self.accounts / account
+            for pod_name, token in self.api["tokens"].items():
+                directory = self.accounts / pod_name
                 directory.mkdir()
                 (directory / "token").write_text(token)
                 (directory / "ca.crt").write_text(self.api["ca"])
@@ -341,12 +341,12 @@ class Cluster:
             from tests.e2e.kube_api import KubeAPI
 
             self.kube = KubeAPI(NODE_IP, API_PORT, token=TOKEN)
-            for account in {account_name(pod) for pod in self.pods.values()}:
-                self.kube.write_service_account(self.accounts / account, namespace=self.namespace)
+            for pod_name in self.pods:
+                self.kube.write_service_account(self.accounts / pod_name, namespace=self.namespace)
 
     @property
     def accounts(self) -> Path:
-        """A directory per ServiceAccount: what kubelet mounts into a pod that runs as it."""
+        """A directory per pod: its ServiceAccount's token, bound to it, as kubelet mounts it."""
         return self.workdir / "files" / "serviceaccounts"
 
     def token_dir(self, pod: Pod) -> Path | None:
@@ -354,9 +354,9 @@ class Cluster:
         nor under etcd discovery, where the sandbox has no API server."""
         if pod.pod.spec.get("automountServiceAccountToken") is False or self.spec.get("discoveryBackend") == "etcd":
             return None
-        directory = self.accounts / account_name(pod)
+        directory = self.accounts / pod.name
         if not directory.is_dir():
-            raise AssertionError(f"{pod.name}: no token was given for ServiceAccount {account_name(pod)}")
+            raise AssertionError(f"{pod.name}: no token was given for it (ServiceAccount {account_name(pod)})")
         return directory
 
     def start_etcd(self) -> None:

@@ -82,16 +82,22 @@ class Cluster:
         tls = ssl.create_default_context(cafile=self.ca)
         return httpx.Client(base_url=self.server, verify=tls, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
-    def token(self, namespace: str, service_account: str, hours: int = 1) -> str:
-        """A token of the ServiceAccount, from its TokenRequest subresource: what a kubelet
-        mounts into a pod that runs as it (kubelet's, an hour, is renewed; this one is not)."""
+    def token(self, namespace: str, service_account: str, hours: int = 1, pod: dict[str, Any] | None = None) -> str:
+        """A token of the ServiceAccount, from its TokenRequest subresource; bound to `pod`, it
+        is what a kubelet mounts into that pod, with its pod-name and pod-uid claims (kubelet's,
+        an hour, is renewed; this one is not)."""
+        spec: dict[str, Any] = {"expirationSeconds": hours * 3600}
+        if pod is not None:
+            metadata = pod["metadata"]
+            spec["boundObjectRef"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": metadata["name"],
+                "uid": metadata["uid"],
+            }
         reply = self.admin().post(
             f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-            json={
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": hours * 3600},
-            },
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
         reply.raise_for_status()
         return str(reply.json()["status"]["token"])

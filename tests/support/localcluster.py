@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -150,7 +151,10 @@ def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None =
         for crd in ("metacontroller-crds.yaml", "inferencepool.yaml", "httproute.yaml"):
             _succeeded(cluster, "apply", "--server-side", "-f", str(schemas / crd))
         cluster.apply(*metacontroller_identity())
-        _succeeded(cluster, "apply", "-k", str(overlay(workdir / "overlay", hooks.url)))
+        # Outside the checkout: kustomize refuses an overlay inside the bundle it builds on,
+        # and `up` keeps its workdir under .cache.
+        with tempfile.TemporaryDirectory(prefix="infera-overlay-") as directory:
+            _succeeded(cluster, "apply", "-k", str(overlay(Path(directory) / "overlay", hooks.url)))
         _succeeded(cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         if metacontroller is not None:
             with running_metacontroller(cluster, metacontroller, workdir):
