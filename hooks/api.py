@@ -586,6 +586,15 @@ class GaieSpec(ApiModel):
     theirs, e.g. with --served-model-name). Accepted for compatibility with the upstream operator."""
 
 
+def _qualified_key(key: str) -> str:
+    if problem := qualified_key_problem(key):
+        raise ValueError(problem)
+    return key
+
+
+# A label key or value, as the API server checks them.
+QualifiedKey = Annotated[str, AfterValidator(_qualified_key)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 SELECTOR_VALUES_RULE = "values must be non-empty with operator In or NotIn, and empty with Exists or DoesNotExist"
 PEER_RULE = "a peer sets podSelector, namespaceSelector or both, or ipBlock alone"
 
@@ -600,19 +609,12 @@ class LabelSelectorRequirement(ApiModel):
         )
     )
 
-    key: Annotated[str, Field(min_length=1, max_length=317)]
+    key: Annotated[QualifiedKey, Field(min_length=1, max_length=317)]
     """The label key."""
     operator: Annotated[Literal["In", "NotIn", "Exists", "DoesNotExist"], Field(json_schema_extra={"maxLength": 12})]
     """In, NotIn, Exists or DoesNotExist."""
-    values: list[Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] | None = None
+    values: list[LabelValue] | None = None
     """The values for In and NotIn."""
-
-    @field_validator("key")
-    @classmethod
-    def _qualified_key(cls, key: str) -> str:
-        if problem := qualified_key_problem(key):
-            raise ValueError(problem)
-        return key
 
     @model_validator(mode="after")
     def _values_fit_operator(self) -> "LabelSelectorRequirement":
@@ -625,18 +627,10 @@ class LabelSelector(ApiModel):
     """Selects by labels, as a Kubernetes label selector: every one of matchLabels and
     matchExpressions must hold; an empty selector selects everything."""
 
-    match_labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] | None = None
+    match_labels: dict[QualifiedKey, LabelValue] | None = None
     """Labels that must have these values."""
     match_expressions: list[LabelSelectorRequirement] | None = None
     """Requirements on labels."""
-
-    @field_validator("match_labels")
-    @classmethod
-    def _qualified_keys(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
-        for key in labels or {}:
-            if problem := qualified_key_problem(key):
-                raise ValueError(problem)
-        return labels
 
 
 def _network(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
