@@ -7,6 +7,7 @@ written for users. The CRD generator (hooks.crd) turns these models into a struc
 import difflib
 import functools
 import hashlib
+import ipaddress
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -221,6 +222,9 @@ MAX_UNAVAILABLE_RULE = (
 )
 MAX_UNAVAILABLE_PERCENT = re.compile(r"([1-9][0-9]?|100)%")
 NATS_STORAGE_RULE = "nats.storageSize must be more than 0: JetStream keeps its streams in a claim of that size"
+NATS_TOKEN_OPTIONAL_RULE = (
+    "optional must not be true: without its Secret the broker would start open, or refuse every client"
+)
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -518,6 +522,24 @@ class NatsSpec(ApiModel):
     """StorageClass of the JetStream PVC; the cluster default when unset."""
     retain_storage: bool = False
     """Keep the JetStream PVC when the InferaDeployment is deleted (by default it is deleted too)."""
+    token_secret_ref: Annotated[
+        KeySelector | None,
+        Field(
+            json_schema_extra={
+                "x-kubernetes-validations": [cel("!has(self.optional) || !self.optional", NATS_TOKEN_OPTIONAL_RULE)]
+            }
+        ),
+    ] = None
+    """A token the broker requires of every client, from a Secret of the InferaDeployment's
+    namespace; every process of the graph gets it in its NATS URL, so it may hold only letters,
+    digits and -._~ (and the runtime logs that URL)."""
+
+    @field_validator("token_secret_ref")
+    @classmethod
+    def _required_token(cls, ref: KeySelector | None) -> KeySelector | None:
+        if ref is not None and ref.optional:
+            raise ValueError(NATS_TOKEN_OPTIONAL_RULE)
+        return ref
 
     @field_validator("storage_size")
     @classmethod
@@ -562,6 +584,127 @@ class GaieSpec(ApiModel):
     model_name: str | None = None
     """Informational: the served model id (the Endpoint Picker takes no model name; workers register
     theirs, e.g. with --served-model-name). Accepted for compatibility with the upstream operator."""
+
+
+def _qualified_key(key: str) -> str:
+    if problem := qualified_key_problem(key):
+        raise ValueError(problem)
+    return key
+
+
+# A label key or value, as the API server checks them.
+QualifiedKey = Annotated[str, AfterValidator(_qualified_key)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+SELECTOR_VALUES_RULE = "values must be non-empty with operator In or NotIn, and empty with Exists or DoesNotExist"
+PEER_RULE = "a peer sets podSelector, namespaceSelector or both, or ipBlock alone"
+
+
+class LabelSelectorRequirement(ApiModel):
+    """A label key, an operator and values, as in a Kubernetes label selector."""
+
+    model_config = with_validations(
+        cel(
+            "(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+            SELECTOR_VALUES_RULE,
+        )
+    )
+
+    key: Annotated[QualifiedKey, Field(min_length=1, max_length=317)]
+    """The label key."""
+    operator: Annotated[Literal["In", "NotIn", "Exists", "DoesNotExist"], Field(json_schema_extra={"maxLength": 12})]
+    """In, NotIn, Exists or DoesNotExist."""
+    values: list[LabelValue] | None = None
+    """The values for In and NotIn."""
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> "LabelSelectorRequirement":
+        if (self.operator in ("In", "NotIn")) != bool(self.values):
+            raise ValueError(SELECTOR_VALUES_RULE)
+        return self
+
+
+class LabelSelector(ApiModel):
+    """Selects by labels, as a Kubernetes label selector: every one of matchLabels and
+    matchExpressions must hold; an empty selector selects everything."""
+
+    match_labels: dict[QualifiedKey, LabelValue] | None = None
+    """Labels that must have these values."""
+    match_expressions: list[LabelSelectorRequirement] | None = None
+    """Requirements on labels."""
+
+
+def _network(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        raise ValueError(f"{shown(cidr)} is not a CIDR such as 10.0.0.0/8 or fd00::/8") from None
+
+
+class IPBlock(ApiModel):
+    """Addresses outside the cluster's pod network, as a CIDR with exceptions."""
+
+    cidr: Annotated[str, Field(min_length=1, max_length=64)]
+    """A CIDR, e.g. 10.0.0.0/8."""
+    except_: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]] | None, Field(alias="except")] = None
+    """CIDRs within cidr to leave out."""
+
+    @model_validator(mode="after")
+    def _exceptions_inside(self) -> "IPBlock":
+        network = _network(self.cidr)
+        for cidr in self.except_ or []:
+            excepted = _network(cidr)
+            if excepted.version != network.version or not (excepted.subnet_of(network) and excepted != network):  # type: ignore[arg-type]
+                raise ValueError(f"except {shown(cidr)} must be a strict subset of cidr {shown(self.cidr)}")
+        return self
+
+
+class NetworkPolicyPeer(ApiModel):
+    """Who may connect, as a Kubernetes NetworkPolicy peer: pods by their labels (in this
+    namespace, or in the namespaces namespaceSelector selects), or addresses (ipBlock)."""
+
+    model_config = with_validations(
+        cel(
+            "has(self.ipBlock) ? !has(self.podSelector) && !has(self.namespaceSelector) : "
+            "has(self.podSelector) || has(self.namespaceSelector)",
+            PEER_RULE,
+        )
+    )
+
+    pod_selector: LabelSelector | None = None
+    """Pods with these labels: in this namespace, or with namespaceSelector in those namespaces."""
+    namespace_selector: LabelSelector | None = None
+    """Every pod of the namespaces with these labels (kubernetes.io/metadata.name is a namespace's name)."""
+    ip_block: IPBlock | None = None
+    """Addresses, e.g. a load balancer's; not with the selectors."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "NetworkPolicyPeer":
+        selectors = self.pod_selector is not None or self.namespace_selector is not None
+        if selectors == (self.ip_block is not None):
+            raise ValueError(PEER_RULE)
+        return self
+
+
+Peers = Annotated[list[NetworkPolicyPeer], Field(min_length=1, max_length=32)]
+
+
+class NetworkPolicySpec(ApiModel):
+    """NetworkPolicies that admit to the graph's pods only the traffic it needs. A cluster whose
+    network plugin does not enforce NetworkPolicies ignores them."""
+
+    isolate: Annotated[Literal["none", "broker", "graph"], Field(json_schema_extra={"maxLength": 6})] = "broker"
+    """broker: only the graph's own pods may connect to the NATS broker (it carries the prompts
+    with the NATS request transport). graph: that, and the workers, Endpoint Picker and servers
+    admit only the graph's own traffic and the peers named here. none: no NetworkPolicy."""
+    server_from: Peers | None = None
+    """With isolate graph: who may connect to the servers' port. Unset: any source."""
+    gateway_from: Peers | None = None
+    """With isolate graph and GAIE: who may connect to the Endpoint Picker and the frontend
+    sidecars. Unset: the pods of the Gateway's namespace."""
+    metrics_from: Peers | None = None
+    """Who may scrape metrics (a Prometheus): admitted to the servers' and workers' ports (which
+    serve /metrics beside their API) and to the broker's monitoring port. Unset: no one outside
+    the graph."""
 
 
 class ResourcesSpec(ApiModel):
@@ -966,6 +1109,8 @@ class InferaDeploymentSpec(ApiModel):
     """RFC 6902 patches applied to rendered children, for what the API does not model."""
     model_cache: ModelCacheSpec | None = None
     """Download the model once into a claim the workers mount; workers wait for it."""
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Which of the graph's pods admit only the traffic the graph needs."""
 
     @property
     def model_access_mode(self) -> str:

@@ -153,7 +153,7 @@ def check_graph(idep: InferaDeployment, children: list[dict]) -> None:
     for child in children:
         service = ((child.get("metadata") or {}).get("labels") or {}).get(SERVICE_LABEL)
         svc = idep.spec.services.get(service or "")
-        for template, leader in _templates(child):
+        for template, leader in pod_templates(child):
             containers = template["spec"]["containers"]
             bound: dict[int, str] = {}
             for index, container in enumerate(containers):
@@ -200,7 +200,7 @@ def check_graph(idep: InferaDeployment, children: list[dict]) -> None:
         )
 
 
-def _templates(child: dict) -> list[tuple[dict, bool]]:
+def pod_templates(child: dict) -> list[tuple[dict, bool]]:
     """The pod templates of a workload, each with whether it is rank 0 of its group."""
     spec = child.get("spec") or {}
     if child["kind"] in ("Deployment", "StatefulSet"):

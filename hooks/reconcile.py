@@ -14,7 +14,7 @@ from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.memo import RenderMemo, RolledUp
-from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats, patches
+from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats, network, patches
 from hooks.renderers.pods import pod_template
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
@@ -100,17 +100,24 @@ def _rendered(
         sizes.add(child)
         children.append(child)
 
-    for child in discovery.render(idep, _serves_scaling_api(idep)) + nats.render(idep) + cache_children + gateway:
+    # The broker's policy nobody asked for is left out where the controller cannot create it,
+    # rather than holding up the broker (defaults_left_out says so).
+    policies = [child for child in network.plumbing(idep) if _asked_for_policies(idep) or allows(child)]
+    plumbing = discovery.render(idep, _serves_scaling_api(idep)) + nats.render(idep) + policies
+    for child in plumbing + cache_children + gateway:
         add(child)
     waiting = _waiting_for_model(idep, inputs)
     for service, svc in sorted(idep.spec.services.items()):
         model_dir = _model_dir(idep, inputs, service, waiting)
-        add(workload(idep, service, svc, inputs.live_replicas.get(service), model_dir))
+        pods = workload(idep, service, svc, inputs.live_replicas.get(service), model_dir)
+        add(pods)
         if not svc.is_worker:
             add(server_service(idep, service, svc))
+        for child in network.service_policy(idep, service, svc, pods):
+            add(child)
         for child in autoscaling.render(idep, service, svc):
             # A budget nobody asked for is left out where the controller cannot create it,
-            # rather than holding up the pool (default_budgets_left_out says so).
+            # rather than holding up the pool (defaults_left_out says so).
             if child["kind"] != "PodDisruptionBudget" or svc.disruption_budget is not None or allows(child):
                 add(child)
     patched = patches.apply_patches(idep.spec.patches or [], children, sizes, lambda child: _owned_fields(idep, child))
@@ -236,7 +243,7 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         children, notices = keep_immutable_fields(children, request.by_key)
         answered = {(child.kind, child.name) for child in children}
         notices += status.autoscaler_notices(idep, inputs.live_replicas, answered)
-        notices += default_budgets_left_out(idep, request)
+        notices += defaults_left_out(idep, request)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
@@ -287,22 +294,37 @@ def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: Render
     return [encoded(child) for child in children if _service_of(child) not in waiting]
 
 
-def default_budgets_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
-    """Say that the default disruption budgets are missing, and why."""
+def _asked_for_policies(idep: InferaDeployment) -> bool:
+    return "network_policy" in idep.spec.model_fields_set
+
+
+def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
+    """Say that the default disruption budgets, or the broker's default NetworkPolicy, are
+    missing, and why."""
+    notices = []
     budget = vocabulary.BY_KIND["PodDisruptionBudget"]
-    if request.registers(budget.kind, budget.api_version):
-        return []
     services = [
         service
         for service, svc in sorted(idep.spec.services.items())
         if svc.disruption_budget is None and svc.budget_max_unavailable is not None
     ]
-    if not services:
-        return []
-    return [
-        f"no PodDisruptionBudget for {', '.join(services)}: this CompositeController does not register "
-        f"{budget.kind} ({budget.api_version}); enable {_where_registered(budget.kind)}"
-    ]
+    if services and not request.registers(budget.kind, budget.api_version):
+        notices.append(
+            f"no PodDisruptionBudget for {', '.join(services)}: this CompositeController does not register "
+            f"{budget.kind} ({budget.api_version}); enable {_where_registered(budget.kind)}"
+        )
+    policy = vocabulary.BY_KIND["NetworkPolicy"]
+    if (
+        network.plumbing(idep)
+        and not _asked_for_policies(idep)
+        and not request.registers(policy.kind, policy.api_version)
+    ):
+        notices.append(
+            f"no NetworkPolicy for the NATS broker, so any pod of the cluster may connect to it: this "
+            f"CompositeController does not register {policy.kind} ({policy.api_version}); enable "
+            f"{_where_registered(policy.kind)}"
+        )
+    return notices
 
 
 def _service_of(child: dict[str, Any]) -> str | None:

@@ -90,6 +90,7 @@ CHILD_KINDS = (
     ChildKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets", None),
     ChildKind("PersistentVolumeClaim", "v1", "persistentvolumeclaims", None),
     ChildKind("Job", "batch/v1", "jobs", None),
+    ChildKind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies", None),
     ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws"),
     ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie"),
     ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie"),

@@ -27,6 +27,7 @@ CORE = [
     ("policy/v1", "poddisruptionbudgets"),
     ("v1", "persistentvolumeclaims"),
     ("batch/v1", "jobs"),
+    ("networking.k8s.io/v1", "networkpolicies"),
 ]
 LWS = [("leaderworkerset.x-k8s.io/v1", "leaderworkersets")]
 GAIE = [("inference.networking.k8s.io/v1", "inferencepools"), ("gateway.networking.k8s.io/v1", "httproutes")]

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 27
+    assert len(rules) == 37
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -188,6 +188,37 @@ CASES = [
     ("nats storage of 0", spec_change(nats={"storageSize": "0"}), api.NATS_STORAGE_RULE),
     ("nats storage of 0 as a number", spec_change(nats={"storageSize": 0}), api.NATS_STORAGE_RULE),
     ("nats storage of 0.0Gi", spec_change(nats={"storageSize": "0.0Gi"}), api.NATS_STORAGE_RULE),
+    (
+        "nats token that may be missing",
+        spec_change(nats={"tokenSecretRef": {"name": "nats", "key": "token", "optional": True}}),
+        api.NATS_TOKEN_OPTIONAL_RULE,
+    ),
+    (
+        "peer with an ipBlock and a selector",
+        spec_change(networkPolicy={"serverFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}),
+        api.PEER_RULE,
+    ),
+    ("peer that names nothing", spec_change(networkPolicy={"metricsFrom": [{}]}), api.PEER_RULE),
+    (
+        "selector In without values",
+        spec_change(
+            networkPolicy={
+                "gatewayFrom": [{"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}]
+            }
+        ),
+        api.SELECTOR_VALUES_RULE,
+    ),
+    (
+        "selector Exists with values",
+        spec_change(
+            networkPolicy={
+                "serverFrom": [
+                    {"podSelector": {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["b"]}]}}
+                ]
+            }
+        ),
+        api.SELECTOR_VALUES_RULE,
+    ),
 ]
 
 

@@ -355,7 +355,7 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
         since = len(cluster.audit_writes(METACONTROLLER_USER))
         eventually(lambda: len(driver.errors) >= errors + 3, "three failed calls")
         assert "deletionTimestamp" in get(cluster, "-n", "teardown", "idep", "qwen-pd")["metadata"]
-        assert len(children(cluster, "teardown", uid)) == 14
+        assert len(children(cluster, "teardown", uid)) == 15
         assert driver_writes(cluster, "teardown", since) == []
     finally:
         set_hook_urls(cluster, installed.hooks_url)
@@ -373,7 +373,7 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
     stages = [
         {("deployments", "qwen-pd-server"), ("services", "qwen-pd-server"), ("poddisruptionbudgets", "qwen-pd-decode"), ("poddisruptionbudgets", "qwen-pd-prefill")},
         {("deployments", "qwen-pd-decode"), ("deployments", "qwen-pd-prefill")},
-        {("statefulsets", "qwen-pd-nats"), ("services", "qwen-pd-nats")}
+        {("statefulsets", "qwen-pd-nats"), ("services", "qwen-pd-nats"), ("networkpolicies", "qwen-pd-nats")}
         | {(kind, f"qwen-pd-{account}") for kind in ("serviceaccounts", "roles", "rolebindings") for account in ("disc", "register")},
     ]  # fmt: skip
     assert sorted(deletes) == sorted(set().union(*stages))

@@ -80,7 +80,7 @@ def test_readme_curl_call_answers_with_the_pd_graph(hook_url: str) -> None:
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=30, check=True)
     answer = json.loads(result.stdout)
     assert set(answer) == {"children", "status"}
-    assert len(answer["children"]) == 14
+    assert len(answer["children"]) == 15
     assert answer["status"]["state"] == "initializing"
 
 
@@ -96,7 +96,7 @@ def test_readme_render_command_previews_the_pd_graph() -> None:
     executable = Path(sys.executable).with_name("infera-hooks")
     result = subprocess.run([str(executable), *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stderr) == (0, "qwen-pd: initializing: creating 3 services\n")
-    assert len([doc for doc in yaml.safe_load_all(result.stdout) if doc]) == 14
+    assert len([doc for doc in yaml.safe_load_all(result.stdout) if doc]) == 15
 
 
 # A command run against a cluster, which this suite cannot run: Docker builds and pushes,

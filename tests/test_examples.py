@@ -28,12 +28,17 @@ def test_the_documented_examples_exist() -> None:
 
 # The routers' and the workers' identities under kubernetes discovery.
 IDENTITIES = {(kind, account) for kind in ("ServiceAccount", "Role", "RoleBinding") for account in ("disc", "register")}
-PLUMBING = IDENTITIES | {("StatefulSet", "nats"), ("Service", "nats")}
+PLUMBING = IDENTITIES | {("StatefulSet", "nats"), ("Service", "nats"), ("NetworkPolicy", "nats")}
 
 
 def budgets(*pools: str) -> set[tuple[str, str]]:
     """Every worker pool's PodDisruptionBudget."""
     return {("PodDisruptionBudget", pool) for pool in pools}
+
+
+def isolated(*parts: str) -> set[tuple[str, str]]:
+    """The NetworkPolicies of an isolated graph's parts (`networkPolicy.isolate: graph`)."""
+    return {("NetworkPolicy", part) for part in parts}
 
 
 EXPECTED = {
@@ -48,7 +53,8 @@ EXPECTED = {
         PLUMBING
         | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")}
         | {("HorizontalPodAutoscaler", "decode")}
-        | budgets("prefill", "decode"),
+        | budgets("prefill", "decode")
+        | isolated("server", "prefill", "decode"),
     ),
     # Before the download completes, workers wait: only the router, the claim and the Job.
     "pd-model-cache.yaml": (
@@ -90,7 +96,8 @@ EXPECTED = {
             ("InferencePool", "pool"),
             ("HTTPRoute", "route"),
         }
-        | budgets("prefill", "decode"),
+        | budgets("prefill", "decode")
+        | isolated("prefill", "decode", "epp"),
     ),
     "pd-1p1d-mooncake.yaml": (
         "qwen-1p1d",

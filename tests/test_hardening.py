@@ -204,7 +204,7 @@ PD_FIRST_SYNC_LINE = {
     "namespace": "ml",
     "name": "qwen-pd",
     "generation": 1,
-    "children": 14,
+    "children": 15,
     "state": "initializing",
     "outcome": "ok",
 }
@@ -433,9 +433,9 @@ def test_sigterm_lets_in_flight_calls_finish() -> None:
                 reply += chunk
         head, _, payload = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head
-        # 200 workers and their disruption budgets, the server and its Service, NATS, the two
-        # identities.
-        assert len(json.loads(payload)["children"]) == 410
+        # 200 workers and their disruption budgets, the server and its Service, NATS and its
+        # NetworkPolicy, the two identities.
+        assert len(json.loads(payload)["children"]) == 411
         assert process.wait(timeout=30) == 0
     finally:
         process.kill()

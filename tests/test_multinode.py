@@ -39,6 +39,7 @@ def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
         ("Deployment", "qwen-pd-prefill"),
         ("Deployment", "qwen-pd-server"),
         ("LeaderWorkerSet", "qwen-pd-decode"),
+        ("NetworkPolicy", "qwen-pd-nats"),
         # Every rank of the pool, so a node drain takes at most one group down at a time.
         ("PodDisruptionBudget", "qwen-pd-decode"),
         ("PodDisruptionBudget", "qwen-pd-prefill"),

@@ -178,13 +178,14 @@ MUST_PASS = {
     "CKV_K8S_37",  # capabilities not dropped
     "CKV_K8S_40",  # a uid above the node's
 }
+NO_POLICY = "CKV2_K8S_6"
 # What docs/security.md says a scanner still reports on every pod, and why.
 BY_DESIGN = {
     "CKV_K8S_11",  # no CPU limit: requests only
     "CKV_K8S_13",  # no memory limit
     "CKV_K8S_15",  # imagePullPolicy not Always
     "CKV_K8S_43",  # an image by tag
-    "CKV2_K8S_6",  # no NetworkPolicy
+    NO_POLICY,  # no NetworkPolicy (but the broker's, and every pod's of an isolated graph)
     "CKV_K8S_35",  # a Secret in the env: huggingface_hub reads HF_TOKEN there
     # checkov's etcd-server checks, which take any command naming etcd for one (--etcd-endpoints).
     "CKV_K8S_116",
@@ -238,6 +239,7 @@ def frontend_pods(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 metadata = {
                     "name": f"{child['metadata']['name']}-frontend",
                     "namespace": child["metadata"]["namespace"],
+                    "labels": child["spec"]["template"]["metadata"]["labels"],
                 }
                 pods.append(
                     {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {**spec, "containers": sidecars}}
@@ -257,14 +259,32 @@ def test_checkov_finds_on_the_routers_nats_and_the_job_nothing_and_on_workers_wh
     }
     children["sec.yaml"] = rendered(tmp_path, "infera")
     pods: dict[str, dict[str, Any]] = {}  # kind/name -> the pod spec checkov judges
+    isolated: set[str] = set()  # the pods a rendered NetworkPolicy selects
     for name, objects in children.items():
         objects = [*objects, *frontend_pods(objects)]
         (scanned / name).write_text("---\n".join(yaml.safe_dump(obj) for obj in objects))
+        selectors = [obj["spec"]["podSelector"]["matchLabels"] for obj in objects if obj["kind"] == "NetworkPolicy"]
         for obj in objects:
             if obj["kind"] in ("Deployment", "StatefulSet", "Job", "Pod"):
                 spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+                labels = (obj["metadata"] if obj["kind"] == "Pod" else obj["spec"]["template"]["metadata"]).get(
+                    "labels"
+                )
                 pods[f"{obj['kind']}/{obj['metadata']['name']}"] = spec
+                if any(selector.items() <= (labels or {}).items() for selector in selectors):
+                    isolated.add(f"{obj['kind']}/{obj['metadata']['name']}")
     failed, passed = checkov(scanned)
+    # checkov judges the pods (named by their workload, then their labels) and finds a
+    # NetworkPolicy for exactly those the hook rendered one for: every graph's broker, and every
+    # pod of an isolated graph.
+    judged = {
+        verdict: {r.split("/", 1)[1].split(".")[0] for r, checks in found.items() if NO_POLICY in checks}
+        for verdict, found in (("failed", failed), ("passed", passed))
+    }
+    workloads = {r.split("/", 1)[1] for r in pods}
+    covered = {r.split("/", 1)[1] for r in isolated}
+    assert judged == {"failed": workloads - covered, "passed": covered}
+    assert {"sec-nats", "qwen-gaie-decode", "qwen-gaie-epp", "qwen-auto-server"} <= covered
     restricted = [r for r in pods if r.endswith((*ROUTERS, "-nats")) or r.startswith("Job/")]
     workers = [r for r in pods if r not in restricted]
     assert len(restricted) >= 20 and len(workers) >= 15 and set(pods) <= set(passed), (restricted, workers)

@@ -52,7 +52,7 @@ def test_rendered_graph_builds_with_kustomize_and_validates(tmp_path: Path) -> N
     (out / "kustomization.yaml").write_text("resources:\n  - graph.yaml\n")
     built = subprocess.run([kubectl, "kustomize", str(out)], capture_output=True, text=True, check=True, timeout=60)
     documents = list(yaml.safe_load_all(built.stdout))
-    assert len(documents) == 14
+    assert len(documents) == 15
     for document in documents:
         assert document["metadata"]["namespace"] == "team-a"
         validate_object(document)

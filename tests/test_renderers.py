@@ -588,14 +588,14 @@ def test_a_failing_patch_names_its_index(operations: list[dict], message: str) -
 
 
 def test_render_children_order_is_stable() -> None:
-    """Plumbing first (discovery, broker, gateway), then services by name, a server's Service
+    """Plumbing first (discovery, broker and its policy, gateway), then services by name, a server's Service
     after its workload: the same answer whatever order the services were written in."""
     idep = build({"zeta": WORKER, "alpha": SERVER, "mid": {**WORKER, "numberOfNodes": 2}}, gaie=GAIE)
     children = render_children(idep)
     assert [f"{c['kind']}/{c['metadata']['name']}" for c in children] == (
         "ServiceAccount/g-disc Role/g-disc RoleBinding/g-disc ServiceAccount/g-epp Role/g-epp RoleBinding/g-epp "
         "ServiceAccount/g-register Role/g-register RoleBinding/g-register StatefulSet/g-nats Service/g-nats "
-        "Deployment/g-epp "
+        "NetworkPolicy/g-nats Deployment/g-epp "
         "Service/g-epp InferencePool/g-pool HTTPRoute/g-route Deployment/g-alpha Service/g-alpha "
         "LeaderWorkerSet/g-mid PodDisruptionBudget/g-mid Deployment/g-zeta PodDisruptionBudget/g-zeta"
     ).split()

@@ -135,7 +135,7 @@ def test_a_finalize_that_waits_on_the_clock_is_never_answered_from_the_cache(tmp
         time.sleep(2.1)
         second = client.request("POST", "/finalize", json.dumps(body).encode())
         assert second.status == 200
-        assert second.json["status"]["message"] == "removing the NATS broker and the pods' accounts (8 objects)"
+        assert second.json["status"]["message"] == "removing the NATS broker and the pods' accounts (9 objects)"
         assert second.json["children"] == []
 
 

@@ -45,6 +45,8 @@ def test_seed_pd_graph_children(hooks) -> None:
         ("Deployment", "qwen-pd-decode"),
         ("Deployment", "qwen-pd-prefill"),
         ("Deployment", "qwen-pd-server"),
+        # Only the graph's pods may connect to the broker.
+        ("NetworkPolicy", "qwen-pd-nats"),
         # Every worker pool gets a disruption budget; the single router does not need one.
         ("PodDisruptionBudget", "qwen-pd-decode"),
         ("PodDisruptionBudget", "qwen-pd-prefill"),
@@ -294,7 +296,7 @@ def test_the_scaling_api_gets_its_graph_and_nothing_more(hooks) -> None:
 def test_etcd_discovery(hooks) -> None:
     answer = hooks.sync(pd_parent(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"))
     kinds = {kind for kind, _ in children_by_key(answer)}
-    assert kinds == {"Deployment", "PodDisruptionBudget", "Service", "StatefulSet"}  # no RBAC objects
+    assert kinds == {"Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service", "StatefulSet"}  # no RBAC objects
     etcd = ["--discovery-backend", "etcd", "--etcd-endpoint", "etcd.infra:2379"]
     # Workers advertise their Pod IP (kubelet expands it): the runtime reads POD_IP only under
     # Kubernetes discovery and would register 0.0.0.0.

@@ -29,6 +29,8 @@ WORKERS = {("Deployment", "qwen-pd-prefill"), ("LeaderWorkerSet", "qwen-pd-decod
 PLANE = {
     ("StatefulSet", "qwen-pd-nats"),
     ("Service", "qwen-pd-nats"),
+    # It admits the graph's pods to the broker while the workers drain.
+    ("NetworkPolicy", "qwen-pd-nats"),
     *(
         (kind, f"qwen-pd-{account}")
         for kind in ("ServiceAccount", "Role", "RoleBinding")
@@ -89,7 +91,7 @@ def test_teardown_order_and_idempotence(hooks) -> None:
     mc.pods_finish_draining()
     assert worker_pod_count(mc) == 0
     assert deleted(mc.finalize()) == GATEWAY_PLANE
-    assert mc.parent["status"]["message"] == "removing the NATS broker and the pods' accounts (11 objects)"
+    assert mc.parent["status"]["message"] == "removing the NATS broker and the pods' accounts (12 objects)"
 
     # 4. Finalized only once nothing is observed.
     assert mc.children == {} and not mc.finalized

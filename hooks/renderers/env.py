@@ -45,6 +45,7 @@ def operator_env(idep: InferaDeployment, process: Process) -> list[dict[str, Any
     env += [env_var(var) for var in idep.spec.envs or []]
     url = nats.client_url(idep)
     if url:
+        env += nats.token_env(idep)
         env.append({"name": NATS_ENV, "value": url})
     env += [
         field_env("POD_NAME", "metadata.name"),

@@ -10,11 +10,27 @@ STORE_DIR = "/data/jetstream"
 DATA_VOLUME = "data"
 
 
+# The broker's token in every container that needs it: the broker's `--auth`, and the clients'
+# NATS URLs, through kubelet's `$(VAR)` expansion.
+TOKEN_ENV = "INFERA_NATS_TOKEN"
+
+
 def client_url(idep: InferaDeployment) -> str | None:
-    """Where servers and workers publish KV events, when the managed broker is deployed."""
+    """Where servers and workers publish KV events, when the managed broker is deployed. With a
+    token, the URL carries it as its user (nats-py sends a lone user as the token; the port must
+    be written out, or it rebuilds the URL without it)."""
     if not idep.spec.nats.deploy:
         return None
-    return f"nats://{child_name(idep, NATS_SUFFIX)}:{CLIENT_PORT}"
+    token = f"$({TOKEN_ENV})@" if idep.spec.nats.token_secret_ref else ""
+    return f"nats://{token}{child_name(idep, NATS_SUFFIX)}:{CLIENT_PORT}"
+
+
+def token_env(idep: InferaDeployment) -> list[dict]:
+    """The variable the broker's token is read into, from its Secret (before any that uses it)."""
+    ref = idep.spec.nats.token_secret_ref
+    if not idep.spec.nats.deploy or ref is None:
+        return []
+    return [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
 def render(idep: InferaDeployment) -> list[dict]:
@@ -32,19 +48,23 @@ def render(idep: InferaDeployment) -> list[dict]:
     }
     if nats.storage_class_name:
         claim_spec["storageClassName"] = nats.storage_class_name
-    container = {
+    command = [
+        "nats-server",
+        "--jetstream",
+        "--store_dir",
+        STORE_DIR,
+        "--port",
+        str(CLIENT_PORT),
+        "--http_port",
+        str(MONITOR_PORT),
+    ]
+    # The monitoring port answers without it: the probes need none.
+    if nats.token_secret_ref:
+        command += ["--auth", f"$({TOKEN_ENV})"]
+    container: dict = {
         "name": "nats",
         "image": nats.effective_image,
-        "command": [
-            "nats-server",
-            "--jetstream",
-            "--store_dir",
-            STORE_DIR,
-            "--port",
-            str(CLIENT_PORT),
-            "--http_port",
-            str(MONITOR_PORT),
-        ],
+        "command": command,
         "ports": [
             {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
             {"name": "monitor", "containerPort": MONITOR_PORT, "protocol": "TCP"},
@@ -74,6 +94,8 @@ def render(idep: InferaDeployment) -> list[dict]:
         "securityContext": security.restricted_container(),
         "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/data"}],
     }
+    if nats.token_secret_ref:
+        container["env"] = token_env(idep)
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

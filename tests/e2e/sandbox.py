@@ -50,10 +50,11 @@ import time
 import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.e2e.connections import ConnectionLog
 from tests.support import kubelet
 from tests.support.prerequisites import need, need_runtime
 
@@ -67,6 +68,8 @@ TOKEN = "e2e-service-account-token"
 LOG_TAIL_LINES = 40
 SCENARIO_TIMEOUT = 150
 OLD_ROOT = ".old-root"
+# In the work directory: the pod network's connections and listeners (Cluster.write_network).
+NETWORK_RECORD = "network.json"
 
 # A machine of its own: user (as root inside), mount, network and PID namespaces.
 UNSHARE = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
@@ -191,6 +194,8 @@ class Pod:
     holder: subprocess.Popen | None = None
     stop_began: float | None = None  # time.monotonic() when kubelet began to stop it
     stopped_in: float | None = None  # seconds from the start of a stop to its last container's exit
+    # (port, protocol) of every socket its processes listened on beyond loopback, when it stopped.
+    listening: set[tuple[int, str]] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -231,6 +236,9 @@ class Cluster:
         self.kube: Any = None
         self.etcd: subprocess.Popen | None = None
         self.stop_relay: Callable[[], None] | None = None
+        self.connections: ConnectionLog | None = None
+        # The namespace's Secrets, by name: their keys and values.
+        self.secrets: dict[str, dict[str, str]] = graph.get("secrets", {})
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -307,6 +315,7 @@ class Cluster:
         sh("ip", "link", "add", "cni0", "type", "bridge")
         sh("ip", "addr", "add", f"{NODE_IP}/{SUBNET_BITS}", "dev", "cni0")
         sh("ip", "link", "set", "cni0", "up")
+        self.connections = ConnectionLog("cni0")
         self.plan_pods()
         files = self.workdir / "files"
         files.mkdir()
@@ -405,7 +414,7 @@ class Cluster:
         if unsupported:
             raise AssertionError(f"{pod.name}: the sandbox does not run {', '.join(unsupported)}")
         for spec in pod.pod.spec["containers"]:
-            given = kubelet.container_env(spec, pod.pod.facts, pod.labels)
+            given = kubelet.container_env(spec, pod.pod.facts, pod.labels, self.secrets)
             container = Container(
                 spec["name"],
                 spec,
@@ -536,6 +545,8 @@ class Cluster:
         container's namespaces), SIGTERM to PID 1, SIGKILL when the grace period has passed since
         the stop began (2 s more if a preStop hook ran past it)."""
         grace = pod.pod.spec.get("terminationGracePeriodSeconds", 30)
+        if pod.holder is not None:
+            pod.listening |= listening(pod.holder.pid)
         began = pod.stop_began = time.monotonic()
         if self.kube is not None:
             self.kube.mark_deleting(self.namespace, pod.name)
@@ -585,6 +596,7 @@ class Cluster:
         holder, pod.holder = pod.holder, None
         if holder is None:
             return
+        pod.listening |= listening(holder.pid)
         for container in pod.containers:
             if container.running():
                 self.kill(container)
@@ -597,6 +609,8 @@ class Cluster:
         for pod in self.pods.values():
             with contextlib.suppress(Exception):
                 self.remove_pod(pod)
+        if self.connections is not None:
+            self.connections.stop()
         if self.kube is not None:
             self.kube.stop()
         if self.stop_relay is not None:
@@ -615,6 +629,21 @@ class Cluster:
                 )
         return "\n".join(parts)
 
+    def write_network(self, path: Path) -> None:
+        """What crossed the pod network (tests/e2e/connections.py), and what each pod listened on
+        and is, as a NetworkPolicy sees it: its labels and address."""
+        if self.connections is None:
+            return
+        record = {
+            "node": NODE_IP,
+            "pods": {
+                pod.name: {"ip": pod.ip, "labels": pod.labels, "listening": sorted(pod.listening)}
+                for pod in self.pods.values()
+            },
+            "connections": sorted(astuple(connection) for connection in self.connections.seen),
+        }
+        path.write_text(json.dumps(record))
+
     # -- what a scenario uses --------------------------------------------------------------------
 
     def pod_of(self, service: str, rank: int = 0) -> Pod:
@@ -625,6 +654,20 @@ class Cluster:
         """The Service of a server, by the name cluster DNS resolves."""
         svc = self.by_key[("Service", f"{self.name}-{service}")]
         return f"http://{self.name}-{service}:{svc['spec']['ports'][0]['port']}"
+
+
+def listening(holder: int) -> set[tuple[int, str]]:
+    """The TCP and UDP ports bound in a pod's network namespace on an address other pods reach."""
+    done = subprocess.run(
+        ["nsenter", f"--net=/proc/{holder}/ns/net", "ss", "-Hlntu"], capture_output=True, text=True, timeout=10
+    )
+    ports = set()
+    for line in done.stdout.splitlines():
+        protocol, *_, local, _ = line.split()
+        address, _, port = local.rpartition(":")
+        if address.strip("[]").split("%")[0] not in ("127.0.0.1", "::1") and not address.startswith("127."):
+            ports.add((int(port), protocol.upper()))
+    return ports
 
 
 def unix_connection(path: str) -> socket.socket:
@@ -709,7 +752,7 @@ def need_sandbox() -> None:
     """Skip (or, under INFERA_REQUIRE_ALL, fail) where the sandbox cannot run: the runtime, the
     tools and the namespaces it needs."""
     need_runtime()
-    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    missing = [tool for tool in ("unshare", "nsenter", "ip", "ss") if shutil.which(tool) is None]
     need(not missing, f"{', '.join(missing)} not on PATH (util-linux, iproute2)")
     probe = subprocess.run(
         [
@@ -755,6 +798,7 @@ def main(workdir: Path) -> int:
     finally:
         signal.alarm(0)
         cluster.teardown()
+        cluster.write_network(workdir / NETWORK_RECORD)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ then prints every process's last log lines."""
 
 import json
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -201,6 +202,17 @@ def assert_prefix_cache_hit(cluster: Cluster, worker: Pod) -> None:
     print(f"a repeated prompt of {pages} pages was routed with {hits:.0f} cached blocks")
 
 
+def nats_greeting(nats: Pod, token: str | None) -> str:
+    """What the broker answers a client that connects (with `token`, if any) and pings: PONG,
+    or the error it closes the connection with (the NATS protocol's own words)."""
+    with socket.create_connection((nats.ip, 4222), timeout=10) as connection:
+        replies = connection.makefile("rb")
+        assert replies.readline().startswith(b"INFO "), "the broker did not greet"
+        options = {"verbose": False, "pedantic": False, "protocol": 1, **({"auth_token": token} if token else {})}
+        connection.sendall(f"CONNECT {json.dumps(options)}\r\nPING\r\n".encode())
+        return replies.readline().decode().strip()
+
+
 # --- the scenarios --------------------------------------------------------------------------
 
 
@@ -226,6 +238,12 @@ def serves_and_routes_by_prefix(cluster: Cluster) -> None:
     if cluster.kube is not None:
         assert_calls_allowed(cluster)
     nats = cluster.pod_of("nats")
+    token = cluster.spec["nats"].get("tokenSecretRef") if "nats" in cluster.spec else None
+    if token is not None:
+        secret = cluster.secrets[token["name"]][token["key"]]
+        assert nats_greeting(nats, None) == "-ERR 'Authorization Violation'"
+        assert nats_greeting(nats, "not-" + secret) == "-ERR 'Authorization Violation'"
+        assert nats_greeting(nats, secret) == "PONG"
     status, streams = request(f"http://{nats.ip}:8222/jsz?streams=true")
     assert status == 200
     kv_stream = [

@@ -3,29 +3,20 @@ kube-scheduler and kubectl, kwok and kwokctl, the LeaderWorkerSet controller and
 from the Go modules tests/controlplane/go.mod pins (published modules through the module proxy,
 nothing vendored).
 
-They are built once per machine into .cache/controlplane/<key>/bin (gitignored), the key a
-digest of go.mod, go.sum, the programs and the Go version, so a version change builds afresh
-and a repeated run builds nothing. A cold build compiles Kubernetes on every core (about 8
-minutes on two), saying so on stderr; Go's own caches stay where Go keeps them.
+They are built once per machine into .cache/controlplane (tests/support/gobuild.py); a cold
+build compiles Kubernetes on every core, about 8 minutes on two.
 """
 
-import hashlib
 import json
 import os
-import re
-import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support import kubelet
-from tests.support.prerequisites import REPO, need
+from tests.support.gobuild import built
 
-TOOLS = REPO / "tests" / "controlplane"
-CACHE = REPO / ".cache" / "controlplane"
 KUBERNETES_VERSION = "v1.36.3"
 # The name each program is installed as, by main package.
 PROGRAMS = {
@@ -50,68 +41,11 @@ VERSION_FLAGS = " ".join(
 )
 
 
-def go() -> str | None:
-    """Go on PATH, or where its release tarball installs."""
-    return shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").is_file() else None)
-
-
-def _built_name(package: str) -> str:
-    """What `go build -o DIR` names a package's binary: its last path element, or the one
-    before a major-version suffix (`cmd` for LWS, `server` for etcd)."""
-    parts = package.split("/")
-    return parts[-2] if re.fullmatch(r"v[0-9]+", parts[-1]) else parts[-1]
-
-
-def _key(go_binary: str) -> str:
-    version = subprocess.run([go_binary, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout
-    digest = hashlib.sha256(version.encode())
-    for name in ("go.mod", "go.sum"):
-        digest.update((TOOLS / name).read_bytes())
-    digest.update(repr(sorted(PROGRAMS.items())).encode() + VERSION_FLAGS.encode())
-    return digest.hexdigest()[:16]
-
-
 def programs() -> dict[str, Path]:
     """Each program's path, built first if this machine has not built these versions yet."""
-    go_binary = go()
-    need(go_binary is not None, "Go (1.26 or newer) builds the control plane's programs: install it from go.dev/dl")
-    assert go_binary is not None
-    bin_dir = CACHE / _key(go_binary) / "bin"
-    paths = {name: bin_dir / name for name in PROGRAMS}
-    if all(path.is_file() for path in paths.values()):
-        return paths
-    building = bin_dir.with_name("bin.partial")
-    shutil.rmtree(building, ignore_errors=True)
-    building.mkdir(parents=True)
-    print(
-        f"building the control plane ({', '.join(PROGRAMS)}) into {bin_dir}: about 8 minutes on two cores "
-        "when Go's build cache is cold",
-        file=sys.stderr,
-        flush=True,
+    return built(
+        "controlplane", PROGRAMS, VERSION_FLAGS, ": about 8 minutes on two cores when Go's build cache is cold"
     )
-    started = time.monotonic()
-    environment = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
-    subprocess.run(
-        [
-            go_binary,
-            "build",
-            "-trimpath",
-            "-ldflags",
-            f"-s -w {VERSION_FLAGS}",
-            "-o",
-            str(building),
-            *PROGRAMS.values(),
-        ],
-        cwd=TOOLS,
-        env=environment,
-        check=True,
-    )
-    for name, package in PROGRAMS.items():
-        (building / _built_name(package)).rename(building / name)
-    shutil.rmtree(bin_dir, ignore_errors=True)  # a build interrupted after its rename began
-    building.rename(bin_dir)
-    print(f"built the control plane in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    return paths
 
 
 @contextmanager

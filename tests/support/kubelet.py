@@ -71,16 +71,22 @@ def _field(path: str, pod: PodFacts, labels: dict[str, str]) -> str:
     }[path]
 
 
-def container_env(container: dict[str, Any], pod: PodFacts, labels: dict[str, str]) -> dict[str, str]:
+def container_env(
+    container: dict[str, Any], pod: PodFacts, labels: dict[str, str], secrets: dict[str, dict[str, str]] | None = None
+) -> dict[str, str]:
     """The variables kubelet gives the container (the image's own are not among them: `$(VAR)`
-    never expands to one of those)."""
+    never expands to one of those), with the keys of `secrets` (by name) where a variable reads
+    one."""
     env = {**pod.services, **pod.lws}
     for var in container.get("env") or []:
         source = var.get("valueFrom")
+        secret = (source or {}).get("secretKeyRef") or {}
         if source is None:
             env[var["name"]] = expand(str(var.get("value", "")), env)
         elif "fieldRef" in source:
             env[var["name"]] = _field(source["fieldRef"]["fieldPath"], pod, labels)
+        elif secret.get("key") in (secrets or {}).get(secret.get("name"), {}):
+            env[var["name"]] = (secrets or {})[secret["name"]][secret["key"]]
         else:  # a Secret, ConfigMap or resource value: present, its content unknown here
             env[var["name"]] = f"<{next(iter(source))}>"
     return env

@@ -2,6 +2,7 @@
 each (docs/security.md, and the README's short table)."""
 
 import copy
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,9 @@ def pod_templates(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def table(text: str) -> list[list[str]]:
     """The cells of the first Markdown table in `text`, without its header."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
+    lines = text.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("|"))
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
 
 

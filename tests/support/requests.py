@@ -9,28 +9,15 @@ from typing import Any
 import jsonpatch
 import yaml
 
+from hooks.vocabulary import CHILD_KINDS
 from tests.support.prerequisites import REPO, SHARED
 
 RESPONSE_FIELDS = {"status", "children", "resyncAfterSeconds", "finalized"}
-# What Metacontroller's childResources `resource` names stand for.
 EXAMPLES = REPO / "examples"
 # The graph most tests start from: a router, one prefill and one decode worker.
 PD = EXAMPLES / "pd-disaggregated.yaml"
-RESOURCE_KINDS = {
-    "deployments": "Deployment",
-    "services": "Service",
-    "statefulsets": "StatefulSet",
-    "serviceaccounts": "ServiceAccount",
-    "roles": "Role",
-    "rolebindings": "RoleBinding",
-    "horizontalpodautoscalers": "HorizontalPodAutoscaler",
-    "poddisruptionbudgets": "PodDisruptionBudget",
-    "persistentvolumeclaims": "PersistentVolumeClaim",
-    "jobs": "Job",
-    "leaderworkersets": "LeaderWorkerSet",
-    "inferencepools": "InferencePool",
-    "httproutes": "HTTPRoute",
-}
+# What Metacontroller's childResources `resource` names stand for.
+RESOURCE_KINDS = {child.resource: child.kind for child in CHILD_KINDS}
 
 
 def load_yaml(path: Path) -> list[dict[str, Any]]:

@@ -144,6 +144,7 @@ HOOK_SCHEMA_ROOTS = {
     "PodDisruptionBudget": "io.k8s.api.policy.v1.PodDisruptionBudget",
     "PersistentVolumeClaim": "io.k8s.api.core.v1.PersistentVolumeClaim",
     "Job": "io.k8s.api.batch.v1.Job",
+    "NetworkPolicy": "io.k8s.api.networking.v1.NetworkPolicy",
     "PodTemplateSpec": "io.k8s.api.core.v1.PodTemplateSpec",
 }
 INTEGER_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
