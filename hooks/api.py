@@ -225,6 +225,10 @@ NATS_STORAGE_RULE = "nats.storageSize must be more than 0: JetStream keeps its s
 NATS_TOKEN_OPTIONAL_RULE = (
     "optional must not be true: without its Secret the broker would start open, or refuse every client"
 )
+NATS_TOKEN_DEPLOY_RULE = (
+    "nats.tokenSecretRef applies to the managed broker: remove it, or set nats.deploy to true (a broker of your "
+    "own takes its token in NATS_SERVER, from spec.envs)"
+)
 NATS_NAME_RULE = (
     f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
     f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
@@ -500,6 +504,10 @@ class EnvVar(ApiModel):
 class NatsSpec(ApiModel):
     """The operator-managed NATS JetStream broker that carries KV-cache events."""
 
+    model_config = with_validations(
+        cel("!has(self.tokenSecretRef) || !has(self.deploy) || self.deploy", NATS_TOKEN_DEPLOY_RULE)
+    )
+
     deploy: bool = True
     """Create a single-node JetStream NATS (StatefulSet + headless Service) for this graph."""
     image: ImageReference | None = None
@@ -540,6 +548,12 @@ class NatsSpec(ApiModel):
         if ref is not None and ref.optional:
             raise ValueError(NATS_TOKEN_OPTIONAL_RULE)
         return ref
+
+    @model_validator(mode="after")
+    def _token_of_the_managed_broker(self) -> "NatsSpec":
+        if self.token_secret_ref is not None and not self.deploy:
+            raise ValueError(NATS_TOKEN_DEPLOY_RULE)
+        return self
 
     @field_validator("storage_size")
     @classmethod
@@ -586,6 +600,15 @@ class GaieSpec(ApiModel):
     theirs, e.g. with --served-model-name). Accepted for compatibility with the upstream operator."""
 
 
+def _unset_if_empty(value: Any) -> Any:
+    """An empty list or map as absent, as the API server stores a NetworkPolicy's (Metacontroller
+    would re-apply one written out on every sync)."""
+    return value or None
+
+
+UNSET_IF_EMPTY = AfterValidator(_unset_if_empty)
+
+
 def _qualified_key(key: str) -> str:
     if problem := qualified_key_problem(key):
         raise ValueError(problem)
@@ -613,7 +636,7 @@ class LabelSelectorRequirement(ApiModel):
     """The label key."""
     operator: Annotated[Literal["In", "NotIn", "Exists", "DoesNotExist"], Field(json_schema_extra={"maxLength": 12})]
     """In, NotIn, Exists or DoesNotExist."""
-    values: list[LabelValue] | None = None
+    values: Annotated[list[LabelValue] | None, UNSET_IF_EMPTY] = None
     """The values for In and NotIn."""
 
     @model_validator(mode="after")
@@ -627,9 +650,9 @@ class LabelSelector(ApiModel):
     """Selects by labels, as a Kubernetes label selector: every one of matchLabels and
     matchExpressions must hold; an empty selector selects everything."""
 
-    match_labels: dict[QualifiedKey, LabelValue] | None = None
+    match_labels: Annotated[dict[QualifiedKey, LabelValue] | None, UNSET_IF_EMPTY] = None
     """Labels that must have these values."""
-    match_expressions: list[LabelSelectorRequirement] | None = None
+    match_expressions: Annotated[list[LabelSelectorRequirement] | None, UNSET_IF_EMPTY] = None
     """Requirements on labels."""
 
 
@@ -645,7 +668,9 @@ class IPBlock(ApiModel):
 
     cidr: Annotated[str, Field(min_length=1, max_length=64)]
     """A CIDR, e.g. 10.0.0.0/8."""
-    except_: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]] | None, Field(alias="except")] = None
+    except_: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]] | None, Field(alias="except"), UNSET_IF_EMPTY
+    ] = None
     """CIDRs within cidr to leave out."""
 
     @model_validator(mode="after")

@@ -102,7 +102,7 @@ def _rendered(
 
     # The broker's policy nobody asked for is left out where the controller cannot create it,
     # rather than holding up the broker (defaults_left_out says so).
-    policies = [child for child in network.plumbing(idep) if _asked_for_policies(idep) or allows(child)]
+    policies = [child for child in network.plumbing(idep) if network.asked_for(idep) or allows(child)]
     plumbing = discovery.render(idep, _serves_scaling_api(idep)) + nats.render(idep) + policies
     for child in plumbing + cache_children + gateway:
         add(child)
@@ -113,7 +113,7 @@ def _rendered(
         add(pods)
         if not svc.is_worker:
             add(server_service(idep, service, svc))
-        for child in network.service_policy(idep, service, svc, pods):
+        for child in network.service_policies(idep, service, svc, pods):
             add(child)
         for child in autoscaling.render(idep, service, svc):
             # A budget nobody asked for is left out where the controller cannot create it,
@@ -294,10 +294,6 @@ def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: Render
     return [encoded(child) for child in children if _service_of(child) not in waiting]
 
 
-def _asked_for_policies(idep: InferaDeployment) -> bool:
-    return "network_policy" in idep.spec.model_fields_set
-
-
 def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
     """Say that the default disruption budgets, or the broker's default NetworkPolicy, are
     missing, and why."""
@@ -313,16 +309,20 @@ def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]
             f"no PodDisruptionBudget for {', '.join(services)}: this CompositeController does not register "
             f"{budget.kind} ({budget.api_version}); enable {_where_registered(budget.kind)}"
         )
+    if network.asked_for(idep) or not idep.spec.nats.deploy:
+        return notices
     policy = vocabulary.BY_KIND["NetworkPolicy"]
-    if (
-        network.plumbing(idep)
-        and not _asked_for_policies(idep)
-        and not request.registers(policy.kind, policy.api_version)
-    ):
+    unprotected = "no NetworkPolicy for the NATS broker, so any pod of the cluster may connect to it"
+    if host_network := network.host_network_services(idep):
         notices.append(
-            f"no NetworkPolicy for the NATS broker, so any pod of the cluster may connect to it: this "
-            f"CompositeController does not register {policy.kind} ({policy.api_version}); enable "
-            f"{_where_registered(policy.kind)}"
+            f"{unprotected}: {', '.join(host_network)} {'runs' if len(host_network) == 1 else 'run'} on the node's "
+            f"network, which a policy cannot tell from the node's own traffic; set networkPolicy.isolate to broker "
+            f"to have it anyway (then those pods reach the broker only from its node)"
+        )
+    elif not request.registers(policy.kind, policy.api_version):
+        notices.append(
+            f"{unprotected}: this CompositeController does not register {policy.kind} ({policy.api_version}); "
+            f"enable {_where_registered(policy.kind)}"
         )
     return notices
 

@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 37
+    assert len(rules) == 38
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -192,6 +192,11 @@ CASES = [
         "nats token that may be missing",
         spec_change(nats={"tokenSecretRef": {"name": "nats", "key": "token", "optional": True}}),
         api.NATS_TOKEN_OPTIONAL_RULE,
+    ),
+    (
+        "nats token without the managed broker",
+        spec_change(nats={"deploy": False, "tokenSecretRef": {"name": "nats", "key": "token"}}),
+        api.NATS_TOKEN_DEPLOY_RULE,
     ),
     (
         "peer with an ipBlock and a selector",

@@ -31,8 +31,7 @@ HTTP_BESIDE_NATS: set[Kind] = {("server", "worker", 30000)}
 #   transfer engines and the kernel choose.
 PEERS: set[Kind] = {("worker", "worker", "any")}
 # - the gateway's namespace to the picker and the frontend sidecars (the test plays the gateway
-#   from the node); and (in that test) the broker to every pod of the graph, a group's other
-#   ranks included, which leave NATS to their leader.
+#   from the node).
 GATEWAY: set[Kind] = {("gateway", "epp", 9002), ("gateway", "worker", 8100)}
 
 
@@ -143,7 +142,8 @@ def test_multi_node_group_behind_the_inference_gateway(hooks, nats: bool) -> Non
             "nats": {"deploy": nats},
             "services": {"tp": {**worker(model), "numberOfNodes": 2}},
         },
-        # A group's other rank binds an engine publisher too, which nothing subscribes to: only
-        # the leader registers.
+        # A group's other rank may reach the broker, as every pod of the graph, but leaves NATS to
+        # its leader; it binds an engine publisher too, which nothing subscribes to (only the
+        # leader registers).
         PEERS | GATEWAY | ({("worker", "nats", 4222)} if nats else {("epp", "worker", "ephemeral")}),
     )

@@ -150,6 +150,37 @@ def test_the_ports_servers_call_follow_the_command_line_and_the_pod(
     valid(policies(idep)["g-worker"])
 
 
+def test_a_port_that_starts_a_range_is_written_before_it() -> None:
+    """The worker's own port at the bottom of the ephemeral range: both, the port first."""
+    idep = build(
+        {"server": SERVER, "worker": {**WORKER, "port": 32768}},
+        nats={"deploy": False},
+        networkPolicy={"isolate": "graph"},
+    )
+    assert policies(idep)["g-worker"]["spec"]["ingress"][1]["ports"] == tcp(5557, 8801, 32768, (32768, 60999))
+
+
+def test_empty_selector_parts_are_written_as_the_api_server_stores_them() -> None:
+    """An empty map or list in a peer is absent once stored: rendered so, or every sync would
+    re-apply it. An empty podSelector stays: it selects every pod of the namespace."""
+    written = [
+        {"podSelector": {"matchLabels": {}, "matchExpressions": []}},
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists", "values": []}]}},
+        {"ipBlock": {"cidr": "10.0.0.0/8", "except": []}},
+    ]
+    idep = build({"server": SERVER, "worker": WORKER}, networkPolicy={"isolate": "graph", "serverFrom": written})
+    assert policies(idep)["g-server"]["spec"]["ingress"] == [
+        {
+            "from": [
+                {"podSelector": {}},
+                {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}},
+                {"ipBlock": {"cidr": "10.0.0.0/8"}},
+            ],
+            "ports": tcp(8000),
+        }
+    ]
+
+
 @pytest.mark.parametrize("deploy", [True, False], ids=["nats", "zmq"])
 def test_vllm_engines_publish_whatever_the_transport(deploy: bool) -> None:
     kv = '{"kv_connector":"MoRIIOConnector","kv_role":"kv_consumer"}'
@@ -225,9 +256,20 @@ def test_a_token_reaches_the_broker_and_every_client_through_kubelets_expansion(
     valid(statefulset)
 
 
-def test_a_token_that_may_be_missing_is_refused() -> None:
-    with pytest.raises(SpecError, match="spec.nats.tokenSecretRef: optional must not be true"):
-        build({"worker": WORKER}, nats={"tokenSecretRef": {"name": "n", "key": "t", "optional": True}})
+@pytest.mark.parametrize(
+    ("nats", "message"),
+    [
+        (
+            {"tokenSecretRef": {"name": "n", "key": "t", "optional": True}},
+            "spec.nats.tokenSecretRef: optional must not",
+        ),
+        ({"deploy": False, "tokenSecretRef": {"name": "n", "key": "t"}}, "spec.nats: nats.tokenSecretRef applies to"),
+    ],
+    ids=["optional", "no-broker"],
+)
+def test_a_token_the_broker_may_not_get_is_refused(nats: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        build({"worker": WORKER}, nats=nats)
 
 
 def test_the_broker_policy_is_plumbing_and_a_service_policy_follows_its_workload() -> None:
@@ -263,3 +305,27 @@ def test_without_the_policy_kind_registered_the_brokers_is_left_out_and_said(hoo
     assert answer["status"]["state"] == "failed"
     assert "NetworkPolicy qwen-pd-nats cannot be created" in answer["status"]["message"]
     assert ("StatefulSet", "qwen-pd-nats") not in children_by_key(answer)
+    # Nothing to say where no policy was wanted.
+    for spec in ({"networkPolicy": {"isolate": "none"}}, {"nats": {"deploy": False}}):
+        obj = parent(PD)
+        obj["spec"].update(spec)
+        answer = hooks.hook("/sync", request_body(obj, composite=composite))
+        assert "NetworkPolicy" not in answer["status"]["message"], answer["status"]["message"]
+
+
+def test_a_service_on_the_nodes_network_leaves_the_default_broker_policy_out_and_says_why(hooks) -> None:
+    """A hostNetwork pod's traffic is the node's to most network plugins: the default policy
+    would cut it off from the broker on upgrade. Asked for, the policy is rendered."""
+    obj = parent(PD)
+    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"hostNetwork": True}
+    answer = hooks.sync(obj)
+    assert [key for key in children_by_key(answer) if key[0] == "NetworkPolicy"] == []
+    assert answer["status"]["message"].endswith(
+        "no NetworkPolicy for the NATS broker, so any pod of the cluster may connect to it: decode runs on the "
+        "node's network, which a policy cannot tell from the node's own traffic; set networkPolicy.isolate to "
+        "broker to have it anyway (then those pods reach the broker only from its node)"
+    )
+    obj["spec"]["networkPolicy"] = {"isolate": "broker"}
+    answer = hooks.sync(obj)
+    assert ("NetworkPolicy", "qwen-pd-nats") in children_by_key(answer)
+    assert "NetworkPolicy" not in answer["status"]["message"]

@@ -1,5 +1,7 @@
 """The managed NATS JetStream broker: a one-pod StatefulSet and its headless Service."""
 
+from typing import Any
+
 from hooks.api import InferaDeployment
 from hooks.renderers import security
 from hooks.vocabulary import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
@@ -25,7 +27,7 @@ def client_url(idep: InferaDeployment) -> str | None:
     return f"nats://{token}{child_name(idep, NATS_SUFFIX)}:{CLIENT_PORT}"
 
 
-def token_env(idep: InferaDeployment) -> list[dict]:
+def token_env(idep: InferaDeployment) -> list[dict[str, Any]]:
     """The variable the broker's token is read into, from its Secret (before any that uses it)."""
     ref = idep.spec.nats.token_secret_ref
     if not idep.spec.nats.deploy or ref is None:
@@ -33,14 +35,20 @@ def token_env(idep: InferaDeployment) -> list[dict]:
     return [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
+def broker_metadata(idep: InferaDeployment) -> dict[str, Any]:
+    """The metadata of the broker's children: labelled as the upstream operator labels its
+    broker (never in the selector: that is immutable)."""
+    metadata = object_metadata(idep, NATS_SUFFIX)
+    metadata["labels"][COMPONENT_LABEL] = "nats"
+    return metadata
+
+
 def render(idep: InferaDeployment) -> list[dict]:
     if not idep.spec.nats.deploy:
         return []
     nats = idep.spec.nats
     name = child_name(idep, NATS_SUFFIX)
-    # As the upstream operator labels its broker (never in the selector: that is immutable).
-    metadata = object_metadata(idep, NATS_SUFFIX)
-    metadata["labels"][COMPONENT_LABEL] = "nats"
+    metadata = broker_metadata(idep)
     claim_spec: dict = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": nats.storage_size}},
@@ -59,7 +67,8 @@ def render(idep: InferaDeployment) -> list[dict]:
         str(MONITOR_PORT),
     ]
     # The monitoring port answers without it: the probes need none.
-    if nats.token_secret_ref:
+    token = token_env(idep)
+    if token:
         command += ["--auth", f"$({TOKEN_ENV})"]
     container: dict = {
         "name": "nats",
@@ -94,8 +103,8 @@ def render(idep: InferaDeployment) -> list[dict]:
         "securityContext": security.restricted_container(),
         "volumeMounts": [{"name": DATA_VOLUME, "mountPath": "/data"}],
     }
-    if nats.token_secret_ref:
-        container["env"] = token_env(idep)
+    if token:
+        container["env"] = token
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

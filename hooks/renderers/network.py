@@ -3,7 +3,8 @@
 Ingress only: the processes call the API server, etcd, the model hub and one another, and
 egress rules would have to name addresses the hook cannot know. Every policy names its ports by
 number, with the protocol written out, as the API server stores them. A network plugin that does
-not enforce NetworkPolicies ignores them, so rendering them by default harms no cluster.
+not enforce NetworkPolicies ignores them, so the broker's is rendered by default (but where a
+service runs on its node's network, whose traffic a policy cannot tell from the node's).
 
 - `broker` (the default): the NATS broker admits only the graph's own pods to its client port.
   With the NATS request transport every prompt crosses it; open, any pod of the cluster could
@@ -26,7 +27,6 @@ from hooks.vocabulary import (
     EPP_SUFFIX,
     NATS_SUFFIX,
     SERVICE_LABEL,
-    child_name,
     object_metadata,
     selector_labels,
 )
@@ -44,7 +44,7 @@ Port = tuple[int, int | None]  # a port, or the first and last of a range
 
 def _ports(ports: list[Port]) -> list[dict[str, Any]]:
     rendered = []
-    for port, end in sorted(set(ports)):
+    for port, end in sorted(set(ports), key=lambda entry: (entry[0], entry[1] or entry[0])):
         entry: dict[str, Any] = {"port": port, "protocol": "TCP"}
         if end is not None:
             entry["endPort"] = end
@@ -61,11 +61,12 @@ def _graph_pods(idep: InferaDeployment, **labels: str) -> dict[str, Any]:
     return {"podSelector": {"matchLabels": {DEPLOYMENT_LABEL: idep.name, **labels}}}
 
 
-def _policy(idep: InferaDeployment, service: str, name: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+def _policy(idep: InferaDeployment, service: str, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    """The policy of a service's pods (or a plumbing part's), named as its workload."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": object_metadata(idep, service, name),
+        "metadata": nats.broker_metadata(idep) if service == NATS_SUFFIX else object_metadata(idep, service),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(idep, service)},
             "policyTypes": ["Ingress"],
@@ -94,10 +95,7 @@ def broker_policy(idep: InferaDeployment) -> dict[str, Any]:
     """The graph's pods to the client port; the monitoring port only to metricsFrom (kubelet's
     probes come from the node, which a NetworkPolicy never stops)."""
     rules = [_rule([(nats.CLIENT_PORT, None)], [_graph_pods(idep)])]
-    rules += _metrics_rule(idep, [(nats.MONITOR_PORT, None)])
-    policy = _policy(idep, NATS_SUFFIX, child_name(idep, NATS_SUFFIX), rules)
-    policy["metadata"]["labels"][COMPONENT_LABEL] = "nats"  # as the broker's other children
-    return policy
+    return _policy(idep, NATS_SUFFIX, rules + _metrics_rule(idep, [(nats.MONITOR_PORT, None)]))
 
 
 def _gateway_peers(idep: InferaDeployment) -> list[dict[str, Any]]:
@@ -110,20 +108,18 @@ def _gateway_peers(idep: InferaDeployment) -> list[dict[str, Any]]:
 
 def epp_policy(idep: InferaDeployment) -> dict[str, Any]:
     """The gateway to the ext-proc port; its health port is kubelet's."""
-    return _policy(
-        idep, EPP_SUFFIX, child_name(idep, EPP_SUFFIX), [_rule([(EPP_GRPC_PORT, None)], _gateway_peers(idep))]
-    )
+    return _policy(idep, EPP_SUFFIX, [_rule([(EPP_GRPC_PORT, None)], _gateway_peers(idep))])
 
 
 def server_policy(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict[str, Any]:
     """serverFrom (or anyone) to the server's port; nothing in the graph calls a server."""
     port: list[Port] = [(svc.effective_port, None)]
     server_from = idep.spec.network_policy.server_from
-    if server_from is None:
-        return _policy(idep, service, child_name(idep, service), [_rule(port, None)])
-    return _policy(
-        idep, service, child_name(idep, service), [_rule(port, _peers(server_from)), *_metrics_rule(idep, port)]
+    # Open to anyone, the port needs no rule for metricsFrom.
+    rules = (
+        [_rule(port, None)] if server_from is None else [_rule(port, _peers(server_from))] + _metrics_rule(idep, port)
     )
+    return _policy(idep, service, rules)
 
 
 def ephemeral_ports(pod_spec: dict[str, Any]) -> tuple[int, int]:
@@ -147,14 +143,8 @@ def _publisher_ports(entry: preflight.EntryPoint, pod_spec: dict[str, Any]) -> l
     pod's ephemeral range, or, for SGLang's DP ranks, a block below it."""
     low, high = ephemeral_ports(pod_spec)
     ports: list[Port] = [(low, high)]
-    dp = next((entry.known(flag) for flag in SGLANG_DP_FLAGS if entry.known(flag)), None)
-    if (
-        entry.module == preflight.SGLANG
-        and dp is not None
-        and dp.isdigit()
-        and int(dp) > 1
-        and low > FIRST_UNPRIVILEGED_PORT
-    ):
+    dp = next(filter(None, map(entry.known, SGLANG_DP_FLAGS)), "")
+    if entry.module == preflight.SGLANG and dp.isdigit() and int(dp) > 1 and low > FIRST_UNPRIVILEGED_PORT:
         ports.append((FIRST_UNPRIVILEGED_PORT, low - 1))
     return ports
 
@@ -190,29 +180,43 @@ def worker_policy(idep: InferaDeployment, service: str, svc: ServiceSpec, pod_sp
     on theirs; the gateway to the frontend sidecars."""
     rules = [_rule([], [_graph_pods(idep, **{COMPONENT_LABEL: "worker"})])]
     server_ports, picker_ports = router_ports(svc, pod_spec)
-    # Rules only for peers that exist: an empty `from` would admit everyone.
+    # A rule only for peers the graph has.
     if any(not other.is_worker for other in idep.spec.services.values()):
         rules.append(_rule(server_ports, [_graph_pods(idep, **{COMPONENT_LABEL: "server"})]))
+    # No ports would mean every port: the picker gets a rule only where it calls one.
     if idep.spec.gaie.enabled and picker_ports:
         rules.append(_rule(picker_ports, [_graph_pods(idep, **{SERVICE_LABEL: EPP_SUFFIX})]))
     if idep.spec.gaie.enabled:
         rules.append(_rule([(idep.spec.gaie.frontend_port, None)], _gateway_peers(idep)))
     rules += _metrics_rule(idep, [(svc.effective_port, None)])
-    return _policy(idep, service, child_name(idep, service), rules)
+    return _policy(idep, service, rules)
+
+
+def host_network_services(idep: InferaDeployment) -> list[str]:
+    """The services whose pods share their node's network (an extraPodSpec's hostNetwork): most
+    network plugins see their traffic as the node's, which no podSelector admits."""
+    return sorted(name for name, svc in idep.spec.services.items() if (svc.extra_pod_spec or {}).get("hostNetwork"))
+
+
+def asked_for(idep: InferaDeployment) -> bool:
+    """Whether the spec says anything of its NetworkPolicies (else the defaults apply)."""
+    return "network_policy" in idep.spec.model_fields_set
 
 
 def plumbing(idep: InferaDeployment) -> list[dict[str, Any]]:
-    """The broker's policy and, isolating the graph, the Endpoint Picker's."""
+    """The broker's policy and, isolating the graph, the Endpoint Picker's. By default the
+    broker's is left out where a service runs on its node's network: the policy would cut it
+    off from the broker (defaults_left_out says so)."""
     isolate = idep.spec.network_policy.isolate
     children = []
-    if isolate != "none" and idep.spec.nats.deploy:
+    if isolate != "none" and idep.spec.nats.deploy and (asked_for(idep) or not host_network_services(idep)):
         children.append(broker_policy(idep))
     if isolate == "graph" and idep.spec.gaie.enabled:
         children.append(epp_policy(idep))
     return children
 
 
-def service_policy(
+def service_policies(
     idep: InferaDeployment, service: str, svc: ServiceSpec, workload: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """A service's policy when isolating the graph, from its rendered workload."""
