@@ -90,7 +90,7 @@ def test_the_readme_serve_command_serves_from_a_fresh_clone(tmp_path: Path) -> N
         answer = json.loads(
             subprocess.run(shlex.split(readme_curl()), cwd=clone, capture_output=True, check=True, timeout=30).stdout
         )
-        assert (len(answer["children"]), answer["status"]["state"]) == (14, "initializing")
+        assert (len(answer["children"]), answer["status"]["state"]) == (15, "initializing")
         installed = subprocess.run(
             [str(clone / ".venv" / "bin" / "pip"), "list", "--format=json"], capture_output=True, check=True
         )
