@@ -24,23 +24,20 @@ from fractions import Fraction
 from typing import Any
 
 from hooks import kubernetes_schema
-from hooks.api import (
+from hooks.api.fields import SpecError, max_unavailable_valid
+from hooks.api.graph import InferaDeployment
+from hooks.api.rules import READY_TIMEOUT_ENV, UNEVICTABLE, ready_timeout_problem
+from hooks.contract import field_at, is_string_map
+from hooks.kubernetes_names import (
     MAX_ANNOTATIONS_BYTES,
     QUALIFIED_NAME,
-    READY_TIMEOUT_ENV,
-    UNEVICTABLE,
-    InferaDeployment,
-    SpecError,
     annotations_bytes,
     env_name_problem,
     is_extended_resource,
     label_value_valid,
-    max_unavailable_valid,
     qualified_key_problem,
-    ready_timeout_problem,
     shown,
 )
-from hooks.contract import field_at, is_string_map
 from hooks.kubernetes_schema import Problem
 from hooks.quantity import quantity_value
 from hooks.renderers.patches import targeting
@@ -461,7 +458,7 @@ def _check_child(child: dict) -> str | None:
     return None if problem is None else f"{problem[0]}: {problem[1]}"
 
 
-# The rules the spec's own fields are held to (api.py), on what a patch or an extraPodSpec made.
+# The rules the spec's own fields are held to (hooks/api/), on what a patch or an extraPodSpec made.
 
 
 def _evictable_problems(idep: InferaDeployment, child: dict) -> Iterator[Problem]:

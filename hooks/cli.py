@@ -13,10 +13,11 @@ from typing import Any
 import yaml
 
 from hooks import DISTRIBUTION, reconcile, vocabulary
-from hooks.api import GROUP, KIND, VERSION, shown, unknown_field
+from hooks.api.graph import GROUP, KIND, VERSION, unknown_field
 from hooks.auth import TokenFile, TokenFileError
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, LAST_APPLIED_ANNOTATION, field_at, parse_request
 from hooks.crd import crd_yaml
+from hooks.kubernetes_names import shown
 from hooks.server import ServeOptions, serve
 
 PROG = "infera-hooks"

@@ -10,15 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from hooks.api import (
-    GROUP,
-    KIND,
-    PLURAL,
-    ROOT_VALIDATIONS,
-    VERSION,
-    InferaDeploymentSpec,
-    InferaDeploymentStatus,
-)
+from hooks.api.graph import GROUP, KIND, PLURAL, VERSION, InferaDeploymentSpec
+from hooks.api.rules import ROOT_VALIDATIONS
+from hooks.api.status import InferaDeploymentStatus
 
 CRD_PATH = "crds/infera.amd.com_inferadeployments.yaml"
 
@@ -116,5 +110,5 @@ def crd() -> dict[str, Any]:
 
 
 def crd_yaml() -> str:
-    header = "# Generated from hooks/api.py by `infera-hooks crd`; do not edit by hand.\n"
+    header = "# Generated from hooks/api/ by `infera-hooks crd`; do not edit by hand.\n"
     return header + yaml.safe_dump(crd(), sort_keys=False, width=100)

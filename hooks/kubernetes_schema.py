@@ -147,7 +147,9 @@ def problem(kind: str, obj: Any, prefix: tuple = ()) -> Problem | None:
             unknown = sorted(key for key in error.value if key not in known)
             detail = f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
         elif error.rule == "enum":
-            from hooks.api import shown  # here: the child process that compiles the schema need not load the API
+            from hooks.kubernetes_names import (
+                shown,  # here: the child process that compiles the schema need not load the API
+            )
 
             values = ", ".join(value for value in error.rule_definition if value not in ABSENT)
             detail = f"must be one of {values} (not {shown(error.value)})"

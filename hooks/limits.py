@@ -8,8 +8,9 @@ the answer stops growing at a fixed bound, long before the hook pod's memory lim
 import json
 from typing import Any
 
-from hooks.api import MAX_ANNOTATIONS_BYTES, SpecError, annotations_bytes
+from hooks.api.fields import SpecError
 from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION
+from hooks.kubernetes_names import MAX_ANNOTATIONS_BYTES, annotations_bytes
 
 MiB = 1024 * 1024
 # etcd's default request limit: the API server cannot store a larger object.

@@ -29,7 +29,8 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel
 
 from hooks import DISTRIBUTION
-from hooks.api import InferaDeployment, ParentMeta, SpecError
+from hooks.api.fields import SpecError
+from hooks.api.graph import InferaDeployment, ParentMeta
 from hooks.encoding import EncodedChild
 
 

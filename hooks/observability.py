@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 
 from hooks import metrics_dir
-from hooks.api import State
+from hooks.api.status import State
 from hooks.flush_timer import FlushTimer
 
 STATES = get_args(State)

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from hooks.api import GROUP, PLURAL, InferaDeploymentSpec, ServiceSpec
+from hooks.api.graph import GROUP, PLURAL, InferaDeploymentSpec
+from hooks.api.services import ServiceSpec
 from hooks.vocabulary import DISCOVERY_SUFFIX
 
 POLICY_PATH = "metacontroller/scaling-policy.yaml"
@@ -97,7 +98,7 @@ def binding() -> dict[str, Any]:
 
 
 def policy_yaml() -> str:
-    header = "# Generated from hooks/api.py by `python -m hooks.policy`; do not edit by hand.\n"
+    header = "# Generated from hooks/api/ by `python -m hooks.policy`; do not edit by hand.\n"
     return header + yaml.safe_dump_all([policy(), binding()], sort_keys=False, width=100)
 
 

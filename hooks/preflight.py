@@ -16,7 +16,10 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from hooks.api import VLLM_ROLE_RULE, InferaDeployment, ServiceSpec, SpecError, primary_index
+from hooks.api.fields import SpecError, primary_index
+from hooks.api.graph import InferaDeployment
+from hooks.api.rules import VLLM_ROLE_RULE
+from hooks.api.services import ServiceSpec
 from hooks.runtime import EPP_MODULE, SERVER_MODULE, WORKER_MODULES, expand, flag_value, literal_values
 from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
 

@@ -8,7 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from hooks import admission, preflight, runtime, status, vocabulary
-from hooks.api import InferaDeployment, SpecError, primary_index
+from hooks.api.fields import SpecError, primary_index
+from hooks.api.graph import InferaDeployment
 from hooks.contract import HookRequest, as_kept, as_last_applied
 from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.immutable import encoded, keep_immutable_fields
@@ -302,7 +303,7 @@ def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]
     services = [
         service
         for service, svc in sorted(idep.spec.services.items())
-        if svc.disruption_budget is None and svc.budget_max_unavailable is not None
+        if svc.disruption_budget is None and autoscaling.budget_max_unavailable(svc) is not None
     ]
     if services and not request.registers(budget.kind, budget.api_version):
         notices.append(

@@ -23,7 +23,10 @@ import math
 import re
 from enum import StrEnum
 
-from hooks.api import READY_TIMEOUT_ENV, InferaDeployment, ServiceSpec, SpecError, ready_timeout
+from hooks.api.fields import SpecError
+from hooks.api.graph import InferaDeployment
+from hooks.api.rules import READY_TIMEOUT_ENV, ready_timeout
+from hooks.api.services import ServiceSpec
 from hooks.renderers import discovery, nats
 
 

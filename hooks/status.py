@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from hooks.api import (
+from hooks.api.graph import InferaDeployment
+from hooks.api.status import (
     AutoscalingStatus,
     Condition,
     ConditionStatus,
     GaieStatus,
-    InferaDeployment,
     InferaDeploymentStatus,
     ModelCacheStatus,
     ModelPhase,

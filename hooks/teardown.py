@@ -21,7 +21,8 @@ gives the same next step, and a child already let go is never handed back.
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hooks.api import InferaDeployment, SpecError
+from hooks.api.fields import SpecError
+from hooks.api.graph import InferaDeployment
 from hooks.contract import HookRequest, as_kept, as_last_applied, child_key, field_at
 from hooks.renderers.pods import pod_template as workload_template
 from hooks.status import Clock, as_wire, terminating, utc_now

@@ -4,10 +4,20 @@ status, teardown, reconcile and the request contract all speak it, so none of th
 another's internals for a name."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # only annotations: the request contract uses this module without the API
-    from hooks.api import InferaDeployment, ServiceSpec
+
+# What names and labels are made of: a graph's name, and a service's span. Protocols, not the
+# API's types, so that the API and the request contract can speak this vocabulary too.
+class Graph(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class Service(Protocol):
+    @property
+    def number_of_nodes(self) -> int: ...
+
 
 DEPLOYMENT_LABEL = "infera.amd.com/deployment"
 SERVICE_LABEL = "infera.amd.com/service"
@@ -32,33 +42,33 @@ DIGEST_LENGTH = 8
 MODEL_VOLUME = "model-cache"
 
 
-def child_name(idep: "InferaDeployment", suffix: str) -> str:
+def child_name(idep: Graph, suffix: str) -> str:
     return f"{idep.name}-{suffix}"
 
 
-def selector_labels(idep: "InferaDeployment", service: str) -> dict[str, str]:
+def selector_labels(idep: Graph, service: str) -> dict[str, str]:
     """The immutable selector of a workload: only identity, so later label edits never touch it."""
     return {DEPLOYMENT_LABEL: idep.name, SERVICE_LABEL: service}
 
 
-def identity_labels(idep: "InferaDeployment", service: str) -> dict[str, str]:
+def identity_labels(idep: Graph, service: str) -> dict[str, str]:
     return {**selector_labels(idep, service), MANAGED_BY_LABEL: MANAGED_BY}
 
 
-def object_metadata(idep: "InferaDeployment", service: str, name: str | None = None) -> dict:
+def object_metadata(idep: Graph, service: str, name: str | None = None) -> dict:
     return {"name": name or child_name(idep, service), "labels": identity_labels(idep, service)}
 
 
-def download_job_name(idep: "InferaDeployment", digest: str) -> str:
+def download_job_name(idep: Graph, digest: str) -> str:
     """The Job that downloads the source with this digest into the model cache."""
     return child_name(idep, f"download-{digest}")
 
 
-def pool_name(idep: "InferaDeployment") -> str:
+def pool_name(idep: Graph) -> str:
     return child_name(idep, "pool")
 
 
-def route_name(idep: "InferaDeployment") -> str:
+def route_name(idep: Graph) -> str:
     return child_name(idep, "route")
 
 
@@ -66,7 +76,7 @@ def route_name(idep: "InferaDeployment") -> str:
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 
 
-def workload_kind(svc: "ServiceSpec") -> str:
+def workload_kind(svc: Service) -> str:
     """A service spanning several nodes is a LeaderWorkerSet of groups; any other, a Deployment."""
     return "LeaderWorkerSet" if svc.number_of_nodes > 1 else "Deployment"
 

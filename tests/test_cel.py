@@ -7,7 +7,7 @@ import celpy
 import pytest
 import yaml
 
-from hooks import api
+from hooks.api import rules
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, load_yaml, parent, upstream_corpus
 
@@ -107,31 +107,31 @@ def vllm_prefill_without_args(obj: dict) -> None:
 
 
 CASES = [
-    ("etcd without endpoint", spec_change(discoveryBackend="etcd"), api.ETCD_ENDPOINT_RULE),
-    ("gaie without image", gaie_without_image, api.GAIE_IMAGE_RULE),
-    ("gaie name over 59", gaie_with_long_name, api.GAIE_NAME_RULE),
-    ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), api.GAIE_REQUIRED_RULE),
-    ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), api.GAIE_REQUIRED_RULE),
-    ("role on a server", service_change("server", role="prefill"), api.SERVER_ROLE_RULE),
-    ("gpu on a server", service_change("server", resources={"gpu": 1}), api.SERVER_GPU_RULE),
-    ("multi-node server", service_change("server", numberOfNodes=2), api.SERVER_NODES_RULE),
-    ("rdma on a server", service_change("server", rdma=True), api.SERVER_RDMA_RULE),
-    ("hostBoot off on a server", service_change("server", hostBoot=False), api.SERVER_HOST_BOOT_RULE),
-    ("no worker", only_servers, api.ONE_WORKER_RULE),
-    ("service named nats", add_service("nats"), api.RESERVED_NAMES_RULE),
-    ("service named disc", add_service("disc", "server"), api.RESERVED_NAMES_RULE),
-    ("service named epp", add_service("epp"), api.RESERVED_NAMES_RULE),
-    ("child name over 63", add_service("w" * 56), api.CHILD_NAME_RULE),
-    ("multi-node name over 47", add_service("m" * 40, numberOfNodes=2), api.MULTINODE_NAME_RULE),
-    ("parent name with a dot", rename("qwen.pd"), api.PARENT_NAME_RULE),
-    ("parent name with upper case", rename("Qwen"), api.PARENT_NAME_RULE),
-    ("no image anywhere", lambda obj: obj["spec"].pop("image"), api.IMAGE_RULE),
-    ("nats name over 52", rename("n" * 48), api.NATS_NAME_RULE),
-    ("vLLM prefill without a kv role", vllm_prefill_without_args, api.VLLM_ROLE_RULE),
+    ("etcd without endpoint", spec_change(discoveryBackend="etcd"), rules.ETCD_ENDPOINT_RULE),
+    ("gaie without image", gaie_without_image, rules.GAIE_IMAGE_RULE),
+    ("gaie name over 59", gaie_with_long_name, rules.GAIE_NAME_RULE),
+    ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), rules.GAIE_REQUIRED_RULE),
+    ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), rules.GAIE_REQUIRED_RULE),
+    ("role on a server", service_change("server", role="prefill"), rules.SERVER_ROLE_RULE),
+    ("gpu on a server", service_change("server", resources={"gpu": 1}), rules.SERVER_GPU_RULE),
+    ("multi-node server", service_change("server", numberOfNodes=2), rules.SERVER_NODES_RULE),
+    ("rdma on a server", service_change("server", rdma=True), rules.SERVER_RDMA_RULE),
+    ("hostBoot off on a server", service_change("server", hostBoot=False), rules.SERVER_HOST_BOOT_RULE),
+    ("no worker", only_servers, rules.ONE_WORKER_RULE),
+    ("service named nats", add_service("nats"), rules.RESERVED_NAMES_RULE),
+    ("service named disc", add_service("disc", "server"), rules.RESERVED_NAMES_RULE),
+    ("service named epp", add_service("epp"), rules.RESERVED_NAMES_RULE),
+    ("child name over 63", add_service("w" * 56), rules.CHILD_NAME_RULE),
+    ("multi-node name over 47", add_service("m" * 40, numberOfNodes=2), rules.MULTINODE_NAME_RULE),
+    ("parent name with a dot", rename("qwen.pd"), rules.PARENT_NAME_RULE),
+    ("parent name with upper case", rename("Qwen"), rules.PARENT_NAME_RULE),
+    ("no image anywhere", lambda obj: obj["spec"].pop("image"), rules.IMAGE_RULE),
+    ("nats name over 52", rename("n" * 48), rules.NATS_NAME_RULE),
+    ("vLLM prefill without a kv role", vllm_prefill_without_args, rules.VLLM_ROLE_RULE),
     (
         "env with value and valueFrom",
         spec_change(envs=[{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
-        api.ENV_VALUE_RULE,
+        rules.ENV_VALUE_RULE,
     ),
     (
         "valueFrom with two sources",
@@ -147,63 +147,63 @@ CASES = [
                 }
             ],
         ),
-        api.ENV_SOURCE_RULE,
+        rules.ENV_SOURCE_RULE,
     ),
-    ("valueFrom with no source", spec_change(envs=[{"name": "A", "valueFrom": {}}]), api.ENV_SOURCE_RULE),
+    ("valueFrom with no source", spec_change(envs=[{"name": "A", "valueFrom": {}}]), rules.ENV_SOURCE_RULE),
     (
         "autoscaling minimum over maximum",
         service_change("decode", autoscaling={"minReplicas": 3, "maxReplicas": 2, "metrics": [{"type": "Pods"}]}),
-        api.AUTOSCALING_RANGE_RULE,
+        rules.AUTOSCALING_RANGE_RULE,
     ),
     (
         "model cache with a long name",
         lambda obj: (rename("m" * 46)(obj), obj["spec"].update(nats={"deploy": False}, modelCache=CACHE)),
-        api.MODEL_CACHE_NAME_RULE,
+        rules.MODEL_CACHE_NAME_RULE,
     ),
     (
         "model cache without an image for its download",
         lambda obj: (gaie_without_image(obj), obj["spec"].update(gaie={}, modelCache=CACHE)),
-        api.MODEL_CACHE_IMAGE_RULE,
+        rules.MODEL_CACHE_IMAGE_RULE,
     ),
     (
         "model cache beside a service named models",
         lambda obj: (obj["spec"].update(modelCache=CACHE), add_service("models")(obj)),
-        api.MODELS_NAME_RULE,
+        rules.MODELS_NAME_RULE,
     ),
     (
         "disruption budget of 0",
         service_change("decode", disruptionBudget={"maxUnavailable": 0}),
-        api.MAX_UNAVAILABLE_RULE,
+        rules.MAX_UNAVAILABLE_RULE,
     ),
     (
         "disruption budget of 0%",
         service_change("decode", disruptionBudget={"maxUnavailable": "0%"}),
-        api.MAX_UNAVAILABLE_RULE,
+        rules.MAX_UNAVAILABLE_RULE,
     ),
     (
         "disruption budget over 100%",
         service_change("prefill", disruptionBudget={"maxUnavailable": "101%"}),
-        api.MAX_UNAVAILABLE_RULE,
+        rules.MAX_UNAVAILABLE_RULE,
     ),
-    ("nats storage of 0", spec_change(nats={"storageSize": "0"}), api.NATS_STORAGE_RULE),
-    ("nats storage of 0 as a number", spec_change(nats={"storageSize": 0}), api.NATS_STORAGE_RULE),
-    ("nats storage of 0.0Gi", spec_change(nats={"storageSize": "0.0Gi"}), api.NATS_STORAGE_RULE),
+    ("nats storage of 0", spec_change(nats={"storageSize": "0"}), rules.NATS_STORAGE_RULE),
+    ("nats storage of 0 as a number", spec_change(nats={"storageSize": 0}), rules.NATS_STORAGE_RULE),
+    ("nats storage of 0.0Gi", spec_change(nats={"storageSize": "0.0Gi"}), rules.NATS_STORAGE_RULE),
     (
         "nats token that may be missing",
         spec_change(nats={"tokenSecretRef": {"name": "nats", "key": "token", "optional": True}}),
-        api.NATS_TOKEN_OPTIONAL_RULE,
+        rules.NATS_TOKEN_OPTIONAL_RULE,
     ),
     (
         "nats token without the managed broker",
         spec_change(nats={"deploy": False, "tokenSecretRef": {"name": "nats", "key": "token"}}),
-        api.NATS_TOKEN_DEPLOY_RULE,
+        rules.NATS_TOKEN_DEPLOY_RULE,
     ),
     (
         "peer with an ipBlock and a selector",
         spec_change(networkPolicy={"serverFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}),
-        api.PEER_RULE,
+        rules.PEER_RULE,
     ),
-    ("peer that names nothing", spec_change(networkPolicy={"metricsFrom": [{}]}), api.PEER_RULE),
+    ("peer that names nothing", spec_change(networkPolicy={"metricsFrom": [{}]}), rules.PEER_RULE),
     (
         "selector In without values",
         spec_change(
@@ -211,7 +211,7 @@ CASES = [
                 "gatewayFrom": [{"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}]
             }
         ),
-        api.SELECTOR_VALUES_RULE,
+        rules.SELECTOR_VALUES_RULE,
     ),
     (
         "selector Exists with values",
@@ -222,7 +222,7 @@ CASES = [
                 ]
             }
         ),
-        api.SELECTOR_VALUES_RULE,
+        rules.SELECTOR_VALUES_RULE,
     ),
 ]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hooks.api import AUTOSCALING_RANGE_RULE
+from hooks.api.rules import AUTOSCALING_RANGE_RULE
 from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
 from tests.support.docs import readme_local_cluster
 from tests.support.pod_security import LEVELS, documented_levels, pod_templates, rendered

@@ -223,7 +223,7 @@ def test_upstream_printer_columns_are_kept(crd: dict[str, Any]) -> None:
 
 def test_hook_rejects_what_admission_rejects() -> None:
     """The hook's own validation agrees with admission on the same bad input."""
-    from hooks.api import InferaDeploymentSpec
+    from hooks.api.graph import InferaDeploymentSpec
 
     spec = copy.deepcopy(_example_idep()["spec"])
     spec["services"]["decode"]["numberOfNodes"] = 0

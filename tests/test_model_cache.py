@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hooks.api import InferaDeployment
+from hooks.api.graph import InferaDeployment
 from hooks.renderers import model_cache
 from tests.support.pod_security import RESTRICTED_CONTAINER
 from tests.support.requests import PD, children_by_key, parent

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hooks.api import SpecError
+from hooks.api.fields import SpecError
 from hooks.reconcile import render_children
 from hooks.renderers import nats, network
 from hooks.renderers.env import operator_env

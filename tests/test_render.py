@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hooks import reconcile
-from hooks.api import InferaDeployment
+from hooks.api.graph import InferaDeployment
 from hooks.contract import parse_request
 from tests.support.prerequisites import REPO, need_kubectl
 from tests.support.requests import EXAMPLES, PD, load_yaml

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from hooks import runtime, vocabulary
-from hooks.api import ChildPatch, InferaDeployment, SpecError
+from hooks.api.fields import SpecError
+from hooks.api.graph import ChildPatch, InferaDeployment
 from hooks.limits import RenderedSize
 from hooks.reconcile import render_children
 from hooks.renderers import autoscaling, discovery, env, gaie, nats, overlay, pods, probes, services, workloads

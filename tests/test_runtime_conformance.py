@@ -794,7 +794,7 @@ def edited_graphs(draw: st.DrawFn) -> dict[str, Any]:
 def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict[str, Any]) -> None:
     """Over HTTP the hook accepts or refuses; the checker, running the runtime's parsers and the
     real shell on the same graph rendered without the hook's checks, must agree."""
-    from hooks.api import InferaDeployment
+    from hooks.api.graph import InferaDeployment
     from hooks.reconcile import render_children
 
     runtime.need_runtime()

@@ -11,7 +11,8 @@ import celpy
 import pytest
 
 from hooks import policy
-from hooks.api import InferaDeploymentSpec, ServiceSpec
+from hooks.api.graph import InferaDeploymentSpec
+from hooks.api.services import ServiceSpec
 from hooks.crd import structural_schema
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, parent

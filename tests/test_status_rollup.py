@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hooks import status
-from hooks.api import InferaDeployment
+from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION, child_key
 from hooks.encoding import EncodedChild
 from hooks.reconcile import render_children

@@ -7,7 +7,9 @@ While an autoscaler owns a pool's count, the workload renderer emits the live re
 
 from typing import Any
 
-from hooks.api import InferaDeployment, ServiceSpec, SpecError
+from hooks.api.fields import SpecError
+from hooks.api.graph import InferaDeployment
+from hooks.api.services import DisruptionBudgetSpec, ServiceSpec
 from hooks.quantity import canonical_quantity
 from hooks.vocabulary import BY_KIND, child_name, object_metadata, selector_labels, workload_kind
 
@@ -87,6 +89,16 @@ def horizontal_pod_autoscaler(idep: InferaDeployment, service: str, svc: Service
     }
 
 
+def budget_max_unavailable(svc: ServiceSpec) -> int | str | None:
+    """The disruption budget's maxUnavailable, or None for no budget: a worker pool has one
+    unless disabled; a server only when it always keeps more than one replica (a budget over a
+    single router would only say what a drain does anyway)."""
+    budget = svc.disruption_budget or DisruptionBudgetSpec()
+    if not budget.enabled or (not svc.is_worker and svc.fewest_replicas <= 1):
+        return None
+    return budget.max_unavailable
+
+
 def pod_disruption_budget(idep: InferaDeployment, service: str, max_unavailable: int | str) -> dict[str, Any]:
     """Every pod of the pool, a LeaderWorkerSet's ranks included: a node drain takes at most
     `max_unavailable` of them (one group at a time, by default) while the rest keep serving."""
@@ -106,6 +118,6 @@ def pod_disruption_budget(idep: InferaDeployment, service: str, max_unavailable:
 
 def render(idep: InferaDeployment, service: str, svc: ServiceSpec) -> list[dict[str, Any]]:
     children = [] if svc.autoscaling is None else [horizontal_pod_autoscaler(idep, service, svc)]
-    if svc.budget_max_unavailable is not None:
-        children.append(pod_disruption_budget(idep, service, svc.budget_max_unavailable))
+    if (max_unavailable := budget_max_unavailable(svc)) is not None:
+        children.append(pod_disruption_budget(idep, service, max_unavailable))
     return children

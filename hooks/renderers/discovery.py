@@ -2,7 +2,8 @@
 Infera runtime needs: a ServiceAccount, a Role and a RoleBinding for the servers and the
 Endpoint Picker (routers: they discover workers), and for the workers (which register)."""
 
-from hooks.api import GROUP, PLURAL, InferaDeployment, ServiceSpec
+from hooks.api.graph import GROUP, PLURAL, InferaDeployment
+from hooks.api.services import ServiceSpec
 from hooks.vocabulary import (
     DEPLOYMENT_LABEL,
     DISCOVERY_SUFFIX,

@@ -5,7 +5,9 @@ selector); a service's own env comes last and overrides everything."""
 
 from typing import Any
 
-from hooks.api import EnvVar, InferaDeployment, ServiceSpec
+from hooks.api.env import EnvVar
+from hooks.api.graph import InferaDeployment
+from hooks.api.services import ServiceSpec
 from hooks.renderers import discovery, nats, security
 from hooks.runtime import MODEL_LOAD_SECONDS, NATS_ENV, READY_TIMEOUT_ENV, ROUTERS, SELECTOR_ENV, Process
 

@@ -5,7 +5,7 @@ serving worker pod."""
 from typing import Any
 
 from hooks import runtime
-from hooks.api import InferaDeployment
+from hooks.api.graph import InferaDeployment
 from hooks.renderers import discovery, probes, security
 from hooks.renderers.env import operator_env
 from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process

@@ -9,7 +9,8 @@ as last applied.
 
 from typing import Any
 
-from hooks.api import InferaDeployment, ModelCacheSpec
+from hooks.api.graph import InferaDeployment
+from hooks.api.infrastructure import ModelCacheSpec
 from hooks.renderers import security
 from hooks.vocabulary import (
     BY_KIND,
@@ -48,10 +49,23 @@ def claim_name(idep: InferaDeployment) -> str:
     return child_name(idep, MODELS_SUFFIX)
 
 
+def access_mode(idep: InferaDeployment) -> str:
+    """The claim's access mode: several pods, possibly on several nodes, need ReadWriteMany."""
+    cache = _cache(idep)
+    if cache.access_mode:
+        return cache.access_mode
+    pods = sum(
+        (svc.autoscaling.max_replicas if svc.autoscaling else svc.replicas) * svc.number_of_nodes
+        for svc in idep.spec.services.values()
+        if svc.is_worker
+    )
+    return "ReadWriteMany" if pods > 1 else "ReadWriteOnce"
+
+
 def persistent_volume_claim(idep: InferaDeployment) -> dict[str, Any]:
     cache = _cache(idep)
     spec: dict[str, Any] = {
-        "accessModes": [idep.spec.model_access_mode],
+        "accessModes": [access_mode(idep)],
         "resources": {"requests": {"storage": cache.size}},
     }
     if cache.storage_class_name:
@@ -127,7 +141,7 @@ def download_job(idep: InferaDeployment) -> dict[str, Any]:
 def _beside_the_worker(idep: InferaDeployment) -> dict[str, Any]:
     """A single-node claim is mounted on one node only: a download for a new source prefers the
     node its worker runs on (the claim is already attached there)."""
-    if idep.spec.model_access_mode != "ReadWriteOnce":
+    if access_mode(idep) != "ReadWriteOnce":
         return {}
     worker = {"matchLabels": {DEPLOYMENT_LABEL: idep.name, COMPONENT_LABEL: "worker"}}
     term = {"weight": 100, "podAffinityTerm": {"labelSelector": worker, "topologyKey": "kubernetes.io/hostname"}}

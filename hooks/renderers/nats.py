@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from hooks.api import InferaDeployment
+from hooks.api.graph import InferaDeployment
 from hooks.renderers import security
 from hooks.vocabulary import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
 

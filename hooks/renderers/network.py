@@ -18,7 +18,10 @@ service runs on its node's network, whose traffic a policy cannot tell from the 
 from typing import Any
 
 from hooks import preflight
-from hooks.api import InferaDeployment, NetworkPolicyPeer, ServiceSpec, primary_index
+from hooks.api.fields import primary_index
+from hooks.api.graph import InferaDeployment
+from hooks.api.network import NetworkPolicyPeer
+from hooks.api.services import ServiceSpec
 from hooks.renderers import nats
 from hooks.runtime import EPP_GRPC_PORT, WORKER_MODULES
 from hooks.vocabulary import (

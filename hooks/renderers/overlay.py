@@ -22,7 +22,8 @@ import copy
 from typing import Any
 
 from hooks import kubernetes_schema
-from hooks.api import SpecError, primary_index
+from hooks.api.fields import SpecError, primary_index
+from hooks.kubernetes_names import is_extended_resource
 from hooks.quantity import canonical_quantity
 
 # Merged key by key rather than replaced (a probe is replaced whole: mixing handlers is invalid).
@@ -197,7 +198,7 @@ def _one_value_per_extended_resource(resources: dict, template: dict) -> None:
     requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
     chosen = {**(template.get("requests") or {}), **(template.get("limits") or {})}
     for name in set(requests) | set(limits):
-        if "/" in name and not name.startswith(("hugepages-", "kubernetes.io/")):
+        if is_extended_resource(name):
             value = chosen.get(name, limits.get(name, requests.get(name)))
             resources.setdefault("requests", {})[name] = resources.setdefault("limits", {})[name] = value
 

@@ -13,7 +13,7 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 
-from hooks.api import SpecError, nesting
+from hooks.api.fields import SpecError, nesting
 from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, field_at
 from hooks.encoding import Path
 from hooks.limits import MAX_NESTING, RenderedSize, json_size

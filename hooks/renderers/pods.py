@@ -2,7 +2,9 @@
 rollout defaults the template leaves unset. What the processes are told is hooks.runtime's."""
 
 from hooks import preflight, runtime
-from hooks.api import InferaDeployment, ServiceSpec, primary_index
+from hooks.api.fields import primary_index
+from hooks.api.graph import InferaDeployment
+from hooks.api.services import ServiceSpec
 from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, model_cache, overlay, probes, security
 from hooks.renderers.env import service_env

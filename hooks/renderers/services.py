@@ -1,6 +1,7 @@
 """The ClusterIP Service in front of each server."""
 
-from hooks.api import InferaDeployment, ServiceSpec
+from hooks.api.graph import InferaDeployment
+from hooks.api.services import ServiceSpec
 from hooks.renderers.pods import PORT_NAME
 from hooks.vocabulary import object_metadata, selector_labels
 

@@ -1,6 +1,7 @@
 """The workload of each service: a Deployment, or a LeaderWorkerSet for a multi-node pool."""
 
-from hooks.api import InferaDeployment, ServiceSpec
+from hooks.api.graph import InferaDeployment
+from hooks.api.services import ServiceSpec
 from hooks.renderers.pods import pod_template
 from hooks.vocabulary import BY_KIND, object_metadata, selector_labels
 

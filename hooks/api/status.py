@@ -1,0 +1,109 @@
+"""The InferaDeployment's status, as the hook writes it on every sync."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field, WithJsonSchema
+
+from hooks.api.fields import ApiModel
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: str
+    """Condition type in CamelCase, e.g. Ready."""
+    status: ConditionStatus
+    """Whether the condition holds."""
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The metadata.generation the condition was computed from."""
+    last_transition_time: Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+    """When the status last changed."""
+    reason: str
+    """CamelCase machine-readable reason."""
+    message: str
+    """Human-readable detail."""
+
+
+class AutoscalingStatus(ApiModel):
+    """The service's HorizontalPodAutoscaler: its bounds and what it reports."""
+
+    min_replicas: int
+    """spec.services.<name>.autoscaling.minReplicas."""
+    max_replicas: int
+    """spec.services.<name>.autoscaling.maxReplicas."""
+    current_replicas: int
+    """Replicas the autoscaler last saw (0 until it reports)."""
+    desired_replicas: int
+    """Replicas the autoscaler last asked for (0 until it reports)."""
+
+
+class ServiceStatus(ApiModel):
+    """Replica counts of one service's workload, as the workload reports them."""
+
+    kind: str
+    """Workload kind: Deployment or LeaderWorkerSet."""
+    replicas: int
+    """Replicas the workload has now (pods, or groups for a LeaderWorkerSet), from its status."""
+    ready_replicas: int
+    """Ready replicas (pods, or groups for a LeaderWorkerSet)."""
+    autoscaling: AutoscalingStatus | None = None
+    """Set while spec.services.<name>.autoscaling is."""
+
+
+class GaieStatus(ApiModel):
+    """State of the Inference Gateway objects; set only when spec.gaie.enabled."""
+
+    epp_replicas: int
+    """Desired Endpoint Picker replicas."""
+    epp_ready_replicas: int
+    """Ready Endpoint Picker replicas."""
+    inference_pool_name: str | None = None
+    """The generated InferencePool."""
+    http_route_name: str | None = None
+    """The generated HTTPRoute."""
+    inference_pool_ready: bool | None = None
+    """The InferencePool exists and, when it reports conditions, is Accepted."""
+    http_route_accepted: bool | None = None
+    """A parent Gateway reports the HTTPRoute Accepted."""
+    ready: bool | None = None
+    """EPP ready, pool ready and route accepted."""
+
+
+State = Literal["initializing", "pending", "ready", "failed", "terminating"]
+ModelPhase = Literal["Downloading", "Ready", "Failed"]
+
+
+class ModelCacheStatus(ApiModel):
+    """The model cache's download; set only when spec.modelCache is."""
+
+    phase: ModelPhase
+    """Downloading, Ready (the download Job completed) or Failed."""
+    source: str
+    """The source the phase is about."""
+    job: str
+    """The download Job of that source."""
+    message: str
+    """What the download is doing, or why it failed."""
+
+
+class InferaDeploymentStatus(ApiModel):
+    """The observed state of the graph, written by the hook on every sync."""
+
+    observed_generation: int | None = None
+    """The metadata.generation last reconciled (written by Metacontroller)."""
+    state: State | None = None
+    """initializing, pending, ready, failed, or terminating during teardown."""
+    message: str | None = None
+    """One line for people: what the graph is waiting on, or what is wrong."""
+    ready_services: str | None = None
+    """Ready services out of all services, e.g. 2/3."""
+    conditions: list[Condition] | None = None
+    """Standard conditions (Ready, SpecValid, ...)."""
+    services: dict[str, ServiceStatus] | None = None
+    """Per-service workload status by service name."""
+    gaie: GaieStatus | None = None
+    """Inference Gateway status when spec.gaie.enabled."""
+    model_cache: ModelCacheStatus | None = None
+    """The model cache's download when spec.modelCache is set."""
