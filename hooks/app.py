@@ -21,10 +21,10 @@ from werkzeug.exceptions import HTTPException
 
 from hooks import observability, reconcile, teardown
 from hooks.auth import TokenFile
+from hooks.body import BUFFERED_BODY
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES, BadRequest, HookRequest, decode, parse_request
 from hooks.encoding import canonical_json
 from hooks.memo import BUILD_DIGEST, RenderMemo
-from hooks.server import BUFFERED_BODY
 
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 log = logging.getLogger("hooks")

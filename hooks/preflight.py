@@ -12,29 +12,28 @@ command holding one is only checked for what it does say, never for what it seem
 
 import json
 import re
-import shlex
-from dataclasses import dataclass
-from typing import Any
 
 from hooks.api.fields import SpecError, primary_index
 from hooks.api.graph import InferaDeployment
 from hooks.api.rules import VLLM_ROLE_RULE
 from hooks.api.services import ServiceSpec
-from hooks.runtime import EPP_MODULE, SERVER_MODULE, WORKER_MODULES, expand, flag_value, literal_values
+from hooks.command_line import literal_values
+from hooks.observed import pod_templates
+from hooks.runtime import (
+    EPP_MODULE,
+    SERVER_MODULE,
+    SGLANG,
+    SGLANG_POD_PORTS,
+    VLLM,
+    WORKER_MODULES,
+    EntryPoint,
+    entry_point,
+    kv_plane,
+)
 from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
-
-MODULES = (SERVER_MODULE, EPP_MODULE, *WORKER_MODULES.values())
-SGLANG, VLLM = WORKER_MODULES["sglang"], WORKER_MODULES["vllm"]
-SHELLS = ("sh", "bash", "dash", "ash")
-SHELL_SEPARATORS = (";", "&", "&&", "|", "||", "\n")
-SHELL_VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
-UNRESOLVED = re.compile(r"\$(\(|\{|\w|@|\*)")
 
 # Where each entry point listens when its command gives no --port, and SGLang's bind address.
 DEFAULT_PORTS = {SERVER_MODULE: 8000, SGLANG: 30000, VLLM: 8000}
-# What else the SGLang worker binds in its pod by default (the GAIE sidecar shares the pod): its
-# KV plane's ZMQ publisher and snapshot server, and a prefill engine's bootstrap server.
-SGLANG_POD_PORTS = {"--kv-events-bind": 5557, "--kv-snapshot-port": 8801, "--disaggregation-bootstrap-port": 8998}
 SGLANG_DEFAULT_HOST = "127.0.0.1"
 UNREACHABLE_HOSTS = ("127.0.0.1", "localhost", "::1")
 UNROUTABLE_HOSTS = ("", "0.0.0.0", "::", *UNREACHABLE_HOSTS)
@@ -46,83 +45,6 @@ KV_ROLE_REGISTERS = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both
 KV_ROLES = {
     role: tuple(k for k, r in KV_ROLE_REGISTERS.items() if r == role) for role in ("mixed", "prefill", "decode")
 }
-
-
-@dataclass(frozen=True)
-class EntryPoint:
-    """An Infera entry point as a container starts it."""
-
-    module: str
-    argv: list[str]
-    # A word the hook cannot expand stands where a flag could: what the command lacks is unknown.
-    opaque: bool
-    env: list[dict]
-    env_from: bool  # variables from a ConfigMap or Secret, unknown here
-
-    def flag(self, name: str) -> str | None:
-        return flag_value(self.argv, name)
-
-    def known(self, name: str) -> str | None:
-        """The flag's value when the hook can read it."""
-        value = self.flag(name)
-        return value if value is not None and "$" not in value else None
-
-    def lacks(self, *names: str) -> bool:
-        """Certainly none of these flags: the command says everything it passes."""
-        return not self.opaque and all(self.flag(name) is None for name in names)
-
-    def named(self, variable: str) -> bool:
-        return self.env_from or any(var.get("name") == variable for var in self.env)
-
-
-def _shell_words(script: str, positional: list[str], values: dict[str, str]) -> list[str] | None:
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|\n")
-    lexer.whitespace, lexer.whitespace_split = " \t\r", True
-    try:
-        words = list(lexer)
-    except ValueError:  # unbalanced quotes: the shell would refuse it too
-        return None
-    expanded: list[str] = []
-    for word in words:
-        if word in ("$@", "$*"):
-            expanded += positional
-        else:
-            expanded.append(SHELL_VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), word))
-    return expanded
-
-
-def entry_point(container: dict[str, Any]) -> EntryPoint | None:
-    """The Infera entry point a container runs, with its arguments; None for anything else."""
-    env = list(container.get("env") or [])
-    values = literal_values(env)
-    words = [expand(word, values) for word in list(container.get("command") or []) + list(container.get("args") or [])]
-    if len(words) >= 3 and words[0].rsplit("/", 1)[-1] in SHELLS and re.fullmatch(r"-[a-z]*c", words[1]):
-        shell_words = _shell_words(words[2], words[4:], values)
-        if shell_words is None:
-            return None
-        words = shell_words
-    for index in range(len(words) - 1):
-        if words[index] == "-m" and words[index + 1] in MODULES:
-            rest = words[index + 2 :]
-            rest = rest[: next((i for i, word in enumerate(rest) if word in SHELL_SEPARATORS), len(rest))]
-            opaque = any(
-                UNRESOLVED.search(word) and not (i and rest[i - 1].startswith("--") and "=" not in rest[i - 1])
-                for i, word in enumerate(rest)
-            )
-            return EntryPoint(words[index + 1], rest, opaque, env, bool(container.get("envFrom")))
-    return None
-
-
-def kv_plane(entry: EntryPoint) -> str | None:
-    """Where the process reads or writes KV events (nats or zmq); None when it does not, or the
-    command does not say."""
-    if entry.module in WORKER_MODULES.values():
-        if "--no-enable-kv-events" in entry.argv:
-            return None
-    elif (entry.known("--router-policy") or "kv-aware") != "kv-aware":
-        return None
-    transport = entry.known("--kv-event-transport")
-    return transport or (None if entry.opaque else "nats")
 
 
 def listening_ports(entry: EntryPoint, leader: bool) -> list[int]:
@@ -201,17 +123,6 @@ def check_graph(idep: InferaDeployment, children: list[dict]) -> None:
             + ", ".join(f"{where} uses {plane}" for plane, where in sorted(planes.items()))
             + ": KV-aware routing would not see some workers' caches (set --kv-event-transport alike)"
         )
-
-
-def pod_templates(child: dict) -> list[tuple[dict, bool]]:
-    """The pod templates of a workload, each with whether it is rank 0 of its group."""
-    spec = child.get("spec") or {}
-    if child["kind"] in ("Deployment", "StatefulSet"):
-        return [(spec["template"], True)]
-    if child["kind"] == "LeaderWorkerSet":
-        group = spec["leaderWorkerTemplate"]
-        return [(group.get("leaderTemplate") or group["workerTemplate"], True), (group["workerTemplate"], False)]
-    return []
 
 
 def check_process(where: str, idep: InferaDeployment, svc: ServiceSpec, entry: EntryPoint, leader: bool) -> None:

@@ -151,7 +151,7 @@ def _serves_scaling_api(idep: InferaDeployment) -> bool:
             continue
         containers = pod_template(idep, service, svc)["spec"]["containers"]
         primary = containers[primary_index(containers) or 0]
-        started = preflight.entry_point(primary)
+        started = runtime.entry_point(primary)
         if started is not None and runtime.scaling_api_enabled(started.argv, primary.get("env") or []):
             return True
     return False

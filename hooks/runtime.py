@@ -20,14 +20,16 @@ process told nothing would retry 127.0.0.1:4222 forever instead of serving.
 """
 
 import math
-import re
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
 from hooks.api.rules import READY_TIMEOUT_ENV, ready_timeout
 from hooks.api.services import ServiceSpec
-from hooks.renderers import discovery, nats
+from hooks.command_line import command_of, expand, flag_value, literal_values, opaque, process_words
+from hooks.vocabulary import NATS_SUFFIX, child_name, graph_selector
 
 
 class Process(StrEnum):
@@ -40,12 +42,23 @@ class Process(StrEnum):
 SERVER_MODULE = "infera.server"
 EPP_MODULE = "infera.gaie"
 WORKER_MODULES = {"sglang": "infera.engine.sglang", "vllm": "infera.engine.vllm"}
+SGLANG, VLLM = WORKER_MODULES["sglang"], WORKER_MODULES["vllm"]
+MODULES = (SERVER_MODULE, EPP_MODULE, *WORKER_MODULES.values())
 # Processes that watch the workers: they take the label selector; a worker does not.
 ROUTERS = (Process.SERVER, Process.FRONTEND, Process.EPP)
 
 # The Endpoint Picker's ext-proc and gRPC health ports (its own defaults, stated explicitly).
 EPP_GRPC_PORT = 9002
 EPP_HEALTH_PORT = 9003
+
+# What else the SGLang worker binds in its pod by default (the GAIE sidecar shares the pod): its
+# KV plane's ZMQ publisher and snapshot server, and a prefill engine's bootstrap server.
+SGLANG_POD_PORTS = {"--kv-events-bind": 5557, "--kv-snapshot-port": 8801, "--disaggregation-bootstrap-port": 8998}
+
+# The managed broker's client port, and the variable its token is read into in every pod that
+# connects to it.
+NATS_CLIENT_PORT = 4222
+NATS_TOKEN_ENV = "INFERA_NATS_TOKEN"
 
 # torch.distributed rendezvous port on the group leader of a multi-node (LeaderWorkerSet) pool.
 DIST_INIT_PORT = 5000
@@ -80,6 +93,16 @@ SELECTOR_ENV = "INFERA_K8S_LABEL_SELECTOR"
 NATS_ENV = "NATS_SERVER"
 
 
+def client_url(idep: InferaDeployment) -> str | None:
+    """Where servers and workers publish KV events, when the managed broker is deployed. With a
+    token, the URL carries it as its user (nats-py sends a lone user as the token; the port must
+    be written out, or it rebuilds the URL without it)."""
+    if not idep.spec.nats.deploy:
+        return None
+    token = f"$({NATS_TOKEN_ENV})@" if idep.spec.nats.token_secret_ref else ""
+    return f"nats://{token}{child_name(idep, NATS_SUFFIX)}:{NATS_CLIENT_PORT}"
+
+
 def worker_module(idep: InferaDeployment) -> str:
     return WORKER_MODULES[idep.spec.backend_framework]
 
@@ -92,13 +115,13 @@ def discovery_flags(idep: InferaDeployment, process: Process) -> list[str]:
         flags = ["--discovery-backend", "etcd", "--etcd-endpoint", idep.spec.etcd_endpoint or ""]
         return flags + (["--advertise-host", "$(POD_IP)"] if process == Process.WORKER else [])
     flags = ["--discovery-backend", "kubernetes"]
-    return flags + (["--k8s-label-selector", discovery.label_selector(idep)] if process in ROUTERS else [])
+    return flags + (["--k8s-label-selector", graph_selector(idep)] if process in ROUTERS else [])
 
 
 def transport_flags(idep: InferaDeployment, process: Process) -> list[str]:
     """The managed broker carries both requests and KV events; without it, requests go over
     HTTP and KV events over each worker's ZMQ socket. The EPP only reads KV events."""
-    url = nats.client_url(idep)
+    url = client_url(idep)
     kv_events = ["--kv-event-transport", "nats", "--nats-server", url] if url else ["--kv-event-transport", "zmq"]
     if process == Process.EPP:
         return kv_events
@@ -199,15 +222,55 @@ def epp_command(idep: InferaDeployment) -> list[str]:
 # Values the runtime reads from a command line and environment.
 
 
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The value argparse would see for `flag` (the last occurrence wins)."""
-    value = None
-    for index, arg in enumerate(args):
-        if arg == flag:
-            value = args[index + 1] if index + 1 < len(args) else ""
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
-    return value
+@dataclass(frozen=True)
+class EntryPoint:
+    """An Infera entry point as a container starts it."""
+
+    module: str
+    argv: list[str]
+    # A word the hook cannot expand stands where a flag could: what the command lacks is unknown.
+    opaque: bool
+    env: list[dict]
+    env_from: bool  # variables from a ConfigMap or Secret, unknown here
+
+    def flag(self, name: str) -> str | None:
+        return flag_value(self.argv, name)
+
+    def known(self, name: str) -> str | None:
+        """The flag's value when the hook can read it."""
+        value = self.flag(name)
+        return value if value is not None and "$" not in value else None
+
+    def lacks(self, *names: str) -> bool:
+        """Certainly none of these flags: the command says everything it passes."""
+        return not self.opaque and all(self.flag(name) is None for name in names)
+
+    def named(self, variable: str) -> bool:
+        return self.env_from or any(var.get("name") == variable for var in self.env)
+
+
+def entry_point(container: dict[str, Any]) -> EntryPoint | None:
+    """The Infera entry point a container runs (after any wrapper, `infera-exec` or `exec`), with
+    its arguments; None for anything else."""
+    words = process_words(container) or []
+    for index in range(len(words) - 1):
+        if words[index] == "-m" and words[index + 1] in MODULES:
+            argv = command_of(words[index + 2 :])
+            env = list(container.get("env") or [])
+            return EntryPoint(words[index + 1], argv, opaque(argv), env, bool(container.get("envFrom")))
+    return None
+
+
+def kv_plane(entry: EntryPoint) -> str | None:
+    """Where the process reads or writes KV events (nats or zmq); None when it does not, or the
+    command does not say."""
+    if entry.module in WORKER_MODULES.values():
+        if "--no-enable-kv-events" in entry.argv:
+            return None
+    elif (entry.known("--router-policy") or "kv-aware") != "kv-aware":
+        return None
+    transport = entry.known("--kv-event-transport")
+    return transport or (None if entry.opaque else "nats")
 
 
 def _literal_env(env: list[dict], name: str) -> str | None:
@@ -226,20 +289,6 @@ def _seconds(source: str, raw: str) -> float | None:
     if not math.isfinite(seconds) or seconds < 0:
         raise SpecError(f"{source} must be a non-negative number of seconds, got {raw!r}")
     return seconds
-
-
-REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
-
-
-def literal_values(env: list[dict]) -> dict[str, str]:
-    """The variables whose value is written out (a valueFrom is resolved only by kubelet)."""
-    return {var["name"]: var["value"] for var in env if "value" in var and "valueFrom" not in var}
-
-
-def expand(text: str, values: dict[str, str]) -> str:
-    """kubelet's `$(VAR)` expansion of a command-line word: `$$` is a `$`, and a name without a
-    known value stays as written (so the word stays unknowable here)."""
-    return REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else values.get(m.group(1), m.group(0)), text)
 
 
 def drain_seconds(argv: list[str], env: list[dict]) -> int:

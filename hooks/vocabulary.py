@@ -51,6 +51,11 @@ def selector_labels(idep: Graph, service: str) -> dict[str, str]:
     return {DEPLOYMENT_LABEL: idep.name, SERVICE_LABEL: service}
 
 
+def graph_selector(idep: Graph) -> str:
+    """Every pod of the graph, as a label selector: what its routers watch for workers."""
+    return f"{DEPLOYMENT_LABEL}={idep.name}"
+
+
 def identity_labels(idep: Graph, service: str) -> dict[str, str]:
     return {**selector_labels(idep, service), MANAGED_BY_LABEL: MANAGED_BY}
 

@@ -11,7 +11,7 @@ from hooks.api.fields import SpecError
 from hooks.reconcile import render_children
 from hooks.renderers import nats, network
 from hooks.renderers.env import operator_env
-from hooks.runtime import Process
+from hooks.runtime import Process, client_url
 from tests.support.requests import PD, children_by_key, controller, parent, request_body
 from tests.test_renderers import GAIE, SERVER, WORKER, build, labels, selector, valid
 
@@ -248,7 +248,7 @@ def test_a_token_reaches_the_broker_and_every_client_through_kubelets_expansion(
     statefulset, _ = nats.render(idep)
     (broker,) = statefulset["spec"]["template"]["spec"]["containers"]
     assert broker["command"][-2:] == ["--auth", "$(INFERA_NATS_TOKEN)"] and broker["env"] == [token]
-    assert nats.client_url(idep) == url
+    assert client_url(idep) == url
     for process in Process:
         names = [var["name"] for var in operator_env(idep, process)]
         assert names.index("INFERA_NATS_TOKEN") == names.index("NATS_SERVER") - 1

@@ -18,7 +18,8 @@ from hooks.limits import RenderedSize
 from hooks.reconcile import render_children
 from hooks.renderers import autoscaling, discovery, env, gaie, nats, overlay, pods, probes, services, workloads
 from hooks.renderers.patches import apply_patches
-from hooks.runtime import Process
+from hooks.runtime import Process, client_url
+from hooks.vocabulary import graph_selector
 from tests.support.pod_security import RESTRICTED_CONTAINER
 from tests.support.requests import parent
 from tests.support.schemas import validate_object
@@ -88,8 +89,8 @@ def test_kubernetes_discovery_grants_exactly_what_the_runtime_uses() -> None:
     assert discovery.service_account_name(idep) == "g-epp"  # the Endpoint Picker's, with the gateway
     assert discovery.service_account_name(idep, idep.spec.services["router"]) == "g-disc"
     assert discovery.service_account_name(idep, idep.spec.services["worker"]) == "g-register"
-    assert discovery.label_selector(idep) == "infera.amd.com/deployment=g"
-    key, _, value = discovery.label_selector(idep).partition("=")
+    assert graph_selector(idep) == "infera.amd.com/deployment=g"
+    key, _, value = graph_selector(idep).partition("=")
     for service, svc in idep.spec.services.items():
         assert pods.pod_metadata(idep, service, svc)["labels"][key] == value
     valid(*objects)
@@ -127,7 +128,7 @@ def test_managed_broker() -> None:
     kept on request, the default StorageClass is left alone, and processes get the client url."""
     idep = build(nats={"storageSize": "2048Mi", "retainStorage": True})
     statefulset, service = nats.render(idep)
-    assert nats.client_url(idep) == "nats://g-nats:4222"
+    assert client_url(idep) == "nats://g-nats:4222"
     broker_labels = {**labels("nats"), "infera.amd.com/component": "nats"}
     spec = statefulset["spec"]
     assert (statefulset["metadata"], spec["template"]["metadata"]) == (
@@ -166,7 +167,7 @@ def test_no_managed_broker(envs: list[dict[str, str]] | None) -> None:
     """nats.deploy false: no broker and no client url; an external broker named in spec.envs
     reaches every process unchanged, and the operator adds no NATS_SERVER of its own."""
     idep = build(nats={"deploy": False}, envs=envs)
-    assert (nats.render(idep), nats.client_url(idep)) == ([], None)
+    assert (nats.render(idep), client_url(idep)) == ([], None)
     for process in Process:
         assert [var for var in env.operator_env(idep, process) if var["name"] == "NATS_SERVER"] == (envs or [])
 

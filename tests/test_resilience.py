@@ -419,7 +419,8 @@ def test_idle_connections_never_keep_the_probes_out(tmp_path: Path) -> None:
 
 
 def test_bodies_sent_slowly_take_the_body_budget_only_as_they_arrive(tmp_path: Path) -> None:
-    from hooks.server import READ_CHUNK_BYTES, SMALL_BODIES_BYTES, SMALL_BODY_BYTES, WORKER_CONNECTIONS
+    from hooks.body import READ_CHUNK_BYTES, SMALL_BODIES_BYTES, SMALL_BODY_BYTES
+    from hooks.server import WORKER_CONNECTIONS
 
     # Each holds the chunk it awaits: a worker's every connection doing so leaves room for a body.
     assert WORKER_CONNECTIONS * READ_CHUNK_BYTES + SMALL_BODY_BYTES <= SMALL_BODIES_BYTES
@@ -461,7 +462,7 @@ def test_bodies_sent_slowly_take_the_body_budget_only_as_they_arrive(tmp_path: P
 
 
 def test_bodies_that_arrived_are_bounded_by_the_budget(tmp_path: Path) -> None:
-    from hooks.server import SMALL_BODIES_BYTES, SMALL_BODY_BYTES
+    from hooks.body import SMALL_BODIES_BYTES, SMALL_BODY_BYTES
 
     with running_server(tmp_path, "--client-timeout", "5", workers=1) as server:
         client = HookClient(server.url)

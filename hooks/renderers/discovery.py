@@ -5,7 +5,6 @@ Endpoint Picker (routers: they discover workers), and for the workers (which reg
 from hooks.api.graph import GROUP, PLURAL, InferaDeployment
 from hooks.api.services import ServiceSpec
 from hooks.vocabulary import (
-    DEPLOYMENT_LABEL,
     DISCOVERY_SUFFIX,
     EPP_SUFFIX,
     REGISTRATION_SUFFIX,
@@ -14,11 +13,6 @@ from hooks.vocabulary import (
 )
 
 RBAC_API = "rbac.authorization.k8s.io"
-
-
-def label_selector(idep: InferaDeployment) -> str:
-    """The pods the server watches for workers: every pod of this InferaDeployment."""
-    return f"{DEPLOYMENT_LABEL}={idep.name}"
 
 
 def service_account_name(idep: InferaDeployment, svc: ServiceSpec | None = None) -> str | None:

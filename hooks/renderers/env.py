@@ -8,8 +8,9 @@ from typing import Any
 from hooks.api.env import EnvVar
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
-from hooks.renderers import discovery, nats, security
-from hooks.runtime import MODEL_LOAD_SECONDS, NATS_ENV, READY_TIMEOUT_ENV, ROUTERS, SELECTOR_ENV, Process
+from hooks.renderers import nats, security
+from hooks.runtime import MODEL_LOAD_SECONDS, NATS_ENV, READY_TIMEOUT_ENV, ROUTERS, SELECTOR_ENV, Process, client_url
+from hooks.vocabulary import graph_selector
 
 
 def field_env(name: str, field_path: str) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def operator_env(idep: InferaDeployment, process: Process) -> list[dict[str, Any
     if process in ROUTERS:
         env.append(dict(security.HOME_ENV))  # its user has no home on the read-only root
     env += [env_var(var) for var in idep.spec.envs or []]
-    url = nats.client_url(idep)
+    url = client_url(idep)
     if url:
         env += nats.token_env(idep)
         env.append({"name": NATS_ENV, "value": url})
@@ -55,7 +56,7 @@ def operator_env(idep: InferaDeployment, process: Process) -> list[dict[str, Any
         field_env("POD_IP", "status.podIP"),
     ]
     if process in ROUTERS and idep.spec.discovery_backend == "kubernetes":
-        env.append({"name": SELECTOR_ENV, "value": discovery.label_selector(idep)})
+        env.append({"name": SELECTOR_ENV, "value": graph_selector(idep)})
     return last_wins(env)
 
 

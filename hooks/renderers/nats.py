@@ -4,9 +4,9 @@ from typing import Any
 
 from hooks.api.graph import InferaDeployment
 from hooks.renderers import security
+from hooks.runtime import NATS_CLIENT_PORT, NATS_TOKEN_ENV
 from hooks.vocabulary import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
 
-CLIENT_PORT = 4222
 MONITOR_PORT = 8222
 STORE_DIR = "/data/jetstream"
 DATA_VOLUME = "data"
@@ -14,17 +14,6 @@ DATA_VOLUME = "data"
 
 # The broker's token in every container that needs it: the broker's `--auth`, and the clients'
 # NATS URLs, through kubelet's `$(VAR)` expansion.
-TOKEN_ENV = "INFERA_NATS_TOKEN"
-
-
-def client_url(idep: InferaDeployment) -> str | None:
-    """Where servers and workers publish KV events, when the managed broker is deployed. With a
-    token, the URL carries it as its user (nats-py sends a lone user as the token; the port must
-    be written out, or it rebuilds the URL without it)."""
-    if not idep.spec.nats.deploy:
-        return None
-    token = f"$({TOKEN_ENV})@" if idep.spec.nats.token_secret_ref else ""
-    return f"nats://{token}{child_name(idep, NATS_SUFFIX)}:{CLIENT_PORT}"
 
 
 def token_env(idep: InferaDeployment) -> list[dict[str, Any]]:
@@ -32,7 +21,7 @@ def token_env(idep: InferaDeployment) -> list[dict[str, Any]]:
     ref = idep.spec.nats.token_secret_ref
     if not idep.spec.nats.deploy or ref is None:
         return []
-    return [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+    return [{"name": NATS_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
 def broker_metadata(idep: InferaDeployment) -> dict[str, Any]:
@@ -62,20 +51,20 @@ def render(idep: InferaDeployment) -> list[dict]:
         "--store_dir",
         STORE_DIR,
         "--port",
-        str(CLIENT_PORT),
+        str(NATS_CLIENT_PORT),
         "--http_port",
         str(MONITOR_PORT),
     ]
     # The monitoring port answers without it: the probes need none.
     token = token_env(idep)
     if token:
-        command += ["--auth", f"$({TOKEN_ENV})"]
+        command += ["--auth", f"$({NATS_TOKEN_ENV})"]
     container: dict = {
         "name": "nats",
         "image": nats.effective_image,
         "command": command,
         "ports": [
-            {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+            {"name": "client", "containerPort": NATS_CLIENT_PORT, "protocol": "TCP"},
             {"name": "monitor", "containerPort": MONITOR_PORT, "protocol": "TCP"},
         ],
         # Ready once JetStream has loaded its store (/healthz checks every stream). Alive while
@@ -151,7 +140,7 @@ def render(idep: InferaDeployment) -> list[dict]:
             "clusterIP": "None",
             "selector": selector_labels(idep, NATS_SUFFIX),
             "ports": [
-                {"name": "client", "port": CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
+                {"name": "client", "port": NATS_CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
                 {"name": "monitor", "port": MONITOR_PORT, "targetPort": "monitor", "protocol": "TCP"},
             ],
         },

@@ -17,13 +17,13 @@ service runs on its node's network, whose traffic a policy cannot tell from the 
 
 from typing import Any
 
-from hooks import preflight
+from hooks import runtime
 from hooks.api.fields import primary_index
 from hooks.api.graph import InferaDeployment
 from hooks.api.network import NetworkPolicyPeer
 from hooks.api.services import ServiceSpec
+from hooks.observed import pod_templates
 from hooks.renderers import nats
-from hooks.runtime import EPP_GRPC_PORT, WORKER_MODULES
 from hooks.vocabulary import (
     COMPONENT_LABEL,
     DEPLOYMENT_LABEL,
@@ -97,7 +97,7 @@ def _metrics_rule(idep: InferaDeployment, ports: list[Port]) -> list[dict[str, A
 def broker_policy(idep: InferaDeployment) -> dict[str, Any]:
     """The graph's pods to the client port; the monitoring port only to metricsFrom (kubelet's
     probes come from the node, which a NetworkPolicy never stops)."""
-    rules = [_rule([(nats.CLIENT_PORT, None)], [_graph_pods(idep)])]
+    rules = [_rule([(runtime.NATS_CLIENT_PORT, None)], [_graph_pods(idep)])]
     return _policy(idep, NATS_SUFFIX, rules + _metrics_rule(idep, [(nats.MONITOR_PORT, None)]))
 
 
@@ -111,7 +111,7 @@ def _gateway_peers(idep: InferaDeployment) -> list[dict[str, Any]]:
 
 def epp_policy(idep: InferaDeployment) -> dict[str, Any]:
     """The gateway to the ext-proc port; its health port is kubelet's."""
-    return _policy(idep, EPP_SUFFIX, [_rule([(EPP_GRPC_PORT, None)], _gateway_peers(idep))])
+    return _policy(idep, EPP_SUFFIX, [_rule([(runtime.EPP_GRPC_PORT, None)], _gateway_peers(idep))])
 
 
 def server_policy(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict[str, Any]:
@@ -135,19 +135,19 @@ def ephemeral_ports(pod_spec: dict[str, Any]) -> tuple[int, int]:
     return EPHEMERAL_PORTS
 
 
-def _sglang_port(entry: preflight.EntryPoint, flag: str) -> int:
+def _sglang_port(entry: runtime.EntryPoint, flag: str) -> int:
     """A port the SGLang wrapper binds, from its flag (an address's port) or the flag's default."""
     value = (entry.known(flag) or "").rsplit(":", 1)[-1]
-    return int(value) if value.isdigit() else preflight.SGLANG_POD_PORTS[flag]
+    return int(value) if value.isdigit() else runtime.SGLANG_POD_PORTS[flag]
 
 
-def _publisher_ports(entry: preflight.EntryPoint, pod_spec: dict[str, Any]) -> list[Port]:
+def _publisher_ports(entry: runtime.EntryPoint, pod_spec: dict[str, Any]) -> list[Port]:
     """The engine's own KV-event publisher: the wrapper has the kernel pick its port from the
     pod's ephemeral range, or, for SGLang's DP ranks, a block below it."""
     low, high = ephemeral_ports(pod_spec)
     ports: list[Port] = [(low, high)]
     dp = next(filter(None, map(entry.known, SGLANG_DP_FLAGS)), "")
-    if entry.module == preflight.SGLANG and dp.isdigit() and int(dp) > 1 and low > FIRST_UNPRIVILEGED_PORT:
+    if entry.module == runtime.SGLANG and dp.isdigit() and int(dp) > 1 and low > FIRST_UNPRIVILEGED_PORT:
         ports.append((FIRST_UNPRIVILEGED_PORT, low - 1))
     return ports
 
@@ -162,11 +162,11 @@ def router_ports(svc: ServiceSpec, pod_spec: dict[str, Any]) -> tuple[list[Port]
     Infera worker: its port, for the servers."""
     servers: list[Port] = [(svc.effective_port, None)]
     containers = pod_spec["containers"]
-    entry = preflight.entry_point(containers[primary_index(containers) or 0])
-    if entry is None or entry.module not in WORKER_MODULES.values():
+    entry = runtime.entry_point(containers[primary_index(containers) or 0])
+    if entry is None or entry.module not in runtime.WORKER_MODULES.values():
         return servers, []
-    sglang = entry.module == preflight.SGLANG
-    plane = preflight.kv_plane(entry)
+    sglang = entry.module == runtime.SGLANG
+    plane = runtime.kv_plane(entry)
     if sglang and entry.known("--kv-events") != "off":
         servers.append((_sglang_port(entry, "--kv-events-bind"), None))
         if plane == "zmq":
@@ -227,5 +227,5 @@ def service_policies(
         return []
     if not svc.is_worker:
         return [server_policy(idep, service, svc)]
-    leader, _ = preflight.pod_templates(workload)[0]
+    leader, _ = pod_templates(workload)[0]
     return [worker_policy(idep, service, svc, leader["spec"])]

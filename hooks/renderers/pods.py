@@ -1,7 +1,7 @@
 """The pod template of a server or worker service: containers, volumes, metadata, and the
 rollout defaults the template leaves unset. What the processes are told is hooks.runtime's."""
 
-from hooks import preflight, runtime
+from hooks import runtime
 from hooks.api.fields import primary_index
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
@@ -102,7 +102,7 @@ def _complete_primary(svc: ServiceSpec, spec: dict, leader: bool) -> None:
     """What the primary container (rendered, or the template's) must have and does not set:
     probes, the worker's preStop delay and a grace period its drain fits in."""
     primary = spec["containers"][primary_index(spec["containers"])]
-    started = preflight.entry_point(primary)
+    started = runtime.entry_point(primary)
     argv = started.argv if started else []
     env = primary.get("env") or []
     port = svc.effective_port

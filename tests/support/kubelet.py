@@ -7,9 +7,9 @@ container's environment and the argv its process is started with.
 - command and args: `$(VAR)` expanded against the whole environment, `$$` an escaped `$`, an
   unknown name left as written (kubelet's rules, k8s.io/kubernetes/third_party/forked/golang/expansion).
 
-hooks/runtime.py and hooks/preflight.py read command lines too (to size grace periods and refuse
-what would not start); this module repeats those rules on purpose, so a test judging the hook
-does not share its mistakes.
+hooks/command_line.py reads command lines too (for the runtime module to size grace periods and
+preflight to refuse what would not start); this module repeats those rules on purpose, so a
+test judging the hook does not share its mistakes.
 """
 
 import json
