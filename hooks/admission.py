@@ -39,9 +39,9 @@ from hooks.kubernetes_names import (
     shown,
 )
 from hooks.kubernetes_schema import Problem
+from hooks.observed import POD_TEMPLATE_PATHS, service_of
 from hooks.quantity import quantity_value
 from hooks.renderers.patches import targeting
-from hooks.vocabulary import SERVICE_LABEL
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
@@ -51,14 +51,6 @@ SIDECAR_FIELDS = ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe"
 WITHOUT_ROLLING_UPDATE = {"Deployment": ("strategy", "Recreate"), "StatefulSet": ("updateStrategy", "OnDelete")}
 # Resource names the API server knows without a domain prefix.
 STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
-POD_TEMPLATES: dict[str, list[tuple[str, ...]]] = {
-    "Deployment": [("spec", "template")],
-    "StatefulSet": [("spec", "template")],
-    "LeaderWorkerSet": [
-        ("spec", "leaderWorkerTemplate", "leaderTemplate"),
-        ("spec", "leaderWorkerTemplate", "workerTemplate"),
-    ],
-}
 
 
 def _metadata_problems(metadata: Any, where: str) -> Iterator[Problem]:
@@ -298,7 +290,7 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
     ):
         yield "spec.strategy.rollingUpdate.maxUnavailable", "may not be 0 while maxSurge is 0"
     claims = frozenset(field_at(claim, "metadata", "name") for claim in spec.get("volumeClaimTemplates") or ())
-    for path in POD_TEMPLATES.get(child["kind"], ()):
+    for path in POD_TEMPLATE_PATHS.get(child["kind"], ()):
         template = field_at(child, *path)
         if isinstance(template, dict):
             yield from _pod_problems(template, ".".join(path), claims)
@@ -442,14 +434,14 @@ def _budget_problems(child: dict) -> Iterator[Problem]:
 def _check_child(child: dict) -> str | None:
     problem = kubernetes_schema.problem(STRICT_KINDS.get(child["kind"], child["kind"]), child)
     if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
-        for path in POD_TEMPLATES["LeaderWorkerSet"]:
+        for path in POD_TEMPLATE_PATHS["LeaderWorkerSet"]:
             template = field_at(child, *path)  # leaderTemplate is optional
             if template is not None:
                 problem = problem or kubernetes_schema.problem("PodTemplateSpec", template, path)
     if problem is None:
         semantic = itertools.chain(
             _metadata_problems(child.get("metadata"), "metadata"),
-            _workload_problems(child) if child["kind"] in POD_TEMPLATES else (),
+            _workload_problems(child) if child["kind"] in POD_TEMPLATE_PATHS else (),
             _service_problems(child) if child["kind"] == "Service" else (),
             _autoscaler_problems(child) if child["kind"] == "HorizontalPodAutoscaler" else (),
             _budget_problems(child) if child["kind"] == "PodDisruptionBudget" else (),
@@ -465,7 +457,7 @@ def _evictable_problems(idep: InferaDeployment, child: dict) -> Iterator[Problem
     """As spec.services.<name>.disruptionBudget: the budget lets a pod go, with the pool at its
     fewest pods (every budget is a service's)."""
     spec = child.get("spec") or {}
-    service = (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
+    service = service_of(child)
     svc = idep.spec.services.get(service or "")
     if svc is None:
         return
@@ -518,7 +510,7 @@ def _storage_problems(claim_spec: Any, at: str) -> Iterator[Problem]:
 
 def _ready_timeout_problems(child: dict) -> Iterator[Problem]:
     """As a service's env and spec.envs: the engine's load timeout, in every container."""
-    for path in POD_TEMPLATES.get(child["kind"], ()):
+    for path in POD_TEMPLATE_PATHS.get(child["kind"], ()):
         spec = field_at(child, *path, "spec") or {}
         for kind in ("initContainers", "containers"):
             for index, container in enumerate(spec.get(kind) or []):
@@ -546,7 +538,7 @@ def _broken_rule(idep: InferaDeployment, child: dict) -> str | None:
 
 def _free_form_source(idep: InferaDeployment, child: dict) -> str | None:
     """The spec field whose free-form content shaped this child, if any."""
-    service = (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
+    service = service_of(child)
     svc = idep.spec.services.get(service) if service else None
     if svc is None:
         return None

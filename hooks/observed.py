@@ -1,12 +1,227 @@
-"""Reading children, rendered or as observed: where a workload keeps its pod templates."""
+"""Reading children, rendered or as observed: where a workload keeps its pod templates, which
+service a child is of, and what the observed children say of the graph (which workload serves a
+service and how much of it is ready, where the model download is, what the autoscalers set).
+Observed objects are read defensively: another controller, or a user, may have written anything."""
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hooks.api.graph import InferaDeployment
+from hooks.api.status import ModelPhase
+from hooks.contract import LAST_APPLIED_ANNOTATION, field_at, parse_recorded
+from hooks.encoding import EncodedChild
+from hooks.vocabulary import (
+    MODEL_VOLUME,
+    SERVICE_LABEL,
+    WORKLOAD_KINDS,
+    child_name,
+    download_job_name,
+    workload_kind,
+)
+
+# Where each workload kind keeps its pod templates.
+POD_TEMPLATE_PATHS: dict[str, list[tuple[str, ...]]] = {
+    "Deployment": [("spec", "template")],
+    "StatefulSet": [("spec", "template")],
+    "LeaderWorkerSet": [
+        ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+        ("spec", "leaderWorkerTemplate", "workerTemplate"),
+    ],
+}
 
 
-def pod_templates(child: dict) -> list[tuple[dict, bool]]:
-    """The pod templates of a workload, each with whether it is rank 0 of its group."""
-    spec = child.get("spec") or {}
-    if child["kind"] in ("Deployment", "StatefulSet"):
-        return [(spec["template"], True)]
-    if child["kind"] == "LeaderWorkerSet":
-        group = spec["leaderWorkerTemplate"]
-        return [(group.get("leaderTemplate") or group["workerTemplate"], True), (group["workerTemplate"], False)]
-    return []
+def pod_templates(child: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+    """The pod templates of a workload, rendered or observed, each with whether it is rank 0 of
+    its group (a LeaderWorkerSet without a leader template starts its leaders from the worker
+    template). What is not an object is passed over."""
+    spec = as_object(child.get("spec"))
+    if child.get("kind") in ("Deployment", "StatefulSet"):
+        templates = [(spec.get("template"), True)]
+    elif child.get("kind") == "LeaderWorkerSet":
+        group = as_object(spec.get("leaderWorkerTemplate"))
+        worker = group.get("workerTemplate")
+        templates = [(group.get("leaderTemplate") or worker, True), (worker, False)]
+    else:
+        templates = []
+    return [(template, leader) for template, leader in templates if isinstance(template, dict)]
+
+
+def as_object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def as_int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def service_of(child: dict[str, Any]) -> str | None:
+    """The graph's service a child belongs to, by its label."""
+    service = field_at(child, "metadata", "labels", SERVICE_LABEL)
+    return service if isinstance(service, str) else None
+
+
+# What another controller writes in a condition can be long (an autoscaler quotes the metrics
+# API's error): quoted in the message, it is cut to this.
+MAX_QUOTED_MESSAGE = 200
+
+
+Observed = dict[tuple[str, str], dict]  # observed children by (kind, name)
+
+
+def observed_workload(idep: InferaDeployment, service: str, observed: Observed) -> dict | None:
+    """The service's observed workload: of the kind the spec asks for, else of the other kind,
+    which still serves during a switch or while the wanted kind is not registered."""
+    name = child_name(idep, service)
+    wanted = observed.get((workload_kind(idep.spec.services[service]), name))
+    if wanted is not None:
+        return wanted
+    return next((observed[(kind, name)] for kind in WORKLOAD_KINDS if (kind, name) in observed), None)
+
+
+def current_ready(workload: dict | None) -> int:
+    """Ready replicas (pods or groups) that run the current template: a rollout in progress,
+    or a spec change its controller has not seen yet, is not ready."""
+    if workload is None:
+        return 0
+    status = workload.get("status") or {}
+    if as_int(status.get("observedGeneration")) < as_int(workload["metadata"].get("generation")):
+        return 0
+    return min(as_int(status.get("readyReplicas")), as_int(status.get("updatedReplicas")))
+
+
+def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], observed: Observed) -> list[str]:
+    """The services whose workload this answer creates or changes other than in its replica
+    count (a new template, a switch of kind): the pods the observed workload reports ready run
+    what the spec asked before, and Metacontroller applies the change only after it writes this
+    status, which is the first about the new generation."""
+    changing = set()
+    for child in answer:
+        service = child.service
+        if (
+            child.kind not in WORKLOAD_KINDS
+            or service not in idep.spec.services
+            or child.name != child_name(idep, service)
+        ):
+            continue
+        running = observed.get((child.kind, child.name))
+        recorded = field_at(running, "metadata", "annotations", LAST_APPLIED_ANNOTATION) if running else None
+        if running is None or (isinstance(recorded, str) and _changes_workload(recorded, child.body)):
+            changing.add(service)
+    return sorted(changing)
+
+
+# Verdicts of _changes_workload by their inputs' hashes: every sync brings the same pairs again
+# and parsing them costs a quarter of a sync, hashing them next to nothing (an answer's bytes
+# come from the render memo with their hash cached); a fleet's worth fits in a few megabytes.
+# Two pairs whose 64-bit hashes and lengths all collide would share a verdict for a sync.
+VERDICTS_KEPT = 16384
+
+
+_verdicts: OrderedDict[tuple[int, int, int, int], bool] = OrderedDict()
+
+
+def _changes_workload(recorded: str, body: bytes) -> bool:
+    """Whether applying `body` over a workload last applied as `recorded` changes more than its
+    replicas."""
+    key = (hash(recorded), len(recorded), hash(body), len(body))
+    verdict = _verdicts.get(key)
+    if verdict is None:
+        applied = parse_recorded(recorded)
+        verdict = applied is not None and _as_compared(applied) != _as_compared(json.loads(body))
+        _verdicts[key] = verdict
+        if len(_verdicts) > VERDICTS_KEPT:
+            _verdicts.popitem(last=False)
+    else:
+        _verdicts.move_to_end(key)
+    return verdict
+
+
+def _as_compared(workload: dict[str, Any]) -> dict[str, Any]:
+    """A workload without what Metacontroller stamps on it (the namespace, its controller-uid
+    label) and without its replicas."""
+    metadata = {key: value for key, value in (workload.get("metadata") or {}).items() if key != "namespace"}
+    labels = metadata.get("labels")
+    if isinstance(labels, dict):
+        metadata["labels"] = {key: value for key, value in labels.items() if key != "controller-uid"}
+    spec = workload.get("spec")
+    if isinstance(spec, dict):
+        spec = {key: value for key, value in spec.items() if key != "replicas"}
+    return {**workload, "metadata": metadata, "spec": spec}
+
+
+@dataclass(frozen=True)
+class Download:
+    """The model cache as observed: the current source's download Job, and the cache directories
+    (source digests) the observed worker workloads mount."""
+
+    phase: ModelPhase
+    job: dict | None
+    reason: str
+    mounted: dict[str, str]  # service -> the digest its observed workload mounts
+
+
+def _mounted_digests(idep: InferaDeployment, observed: Observed) -> dict[str, str]:
+    services = {child_name(idep, service): service for service, svc in idep.spec.services.items() if svc.is_worker}
+    digests = {}
+    for (kind, name), child in observed.items():
+        if kind not in WORKLOAD_KINDS or name not in services:
+            continue
+        for template, _ in pod_templates(child):
+            for container in field_at(template, "spec", "containers") or []:
+                for mount in (container.get("volumeMounts") if isinstance(container, dict) else None) or []:
+                    if (
+                        isinstance(mount, dict)
+                        and mount.get("name") == MODEL_VOLUME
+                        and isinstance(mount.get("subPath"), str)
+                    ):
+                        digests[services[name]] = mount["subPath"]
+    return digests
+
+
+def _job_condition(job: dict | None, kind: str) -> dict | None:
+    conditions = field_at(job, "status", "conditions")
+    return (
+        next(
+            (c for c in conditions if isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"),
+            None,
+        )
+        if isinstance(conditions, list)
+        else None
+    )
+
+
+def model_download(idep: InferaDeployment, observed: Observed) -> Download | None:
+    """Where the model cache's download is, as its Job reports (None without a model cache)."""
+    cache = idep.spec.model_cache
+    if cache is None:
+        return None
+    job = observed.get(("Job", download_job_name(idep, cache.digest)))
+    mounted = _mounted_digests(idep, observed)
+    if _job_condition(job, "Complete"):
+        return Download("Ready", job, "", mounted)
+    failed = _job_condition(job, "Failed")
+    if failed:
+        reason = " ".join(f"{failed.get('reason')}: {failed.get('message')}".split())[:MAX_QUOTED_MESSAGE]
+        return Download("Failed", job, reason, mounted)
+    return Download("Downloading", job, "", mounted)
+
+
+def live_replicas(idep: InferaDeployment, by_key: Observed) -> dict[str, int]:
+    """The replicas each autoscaled service's workload has now, as its autoscaler set them. Only
+    a workload of the kind the spec renders counts: pods and groups are different units, so a
+    switch between one and several nodes starts the new workload afresh."""
+    live = {}
+    for service, svc in idep.spec.services.items():
+        if svc.autoscaling is None:
+            continue
+        replicas = field_at(by_key.get((workload_kind(svc), child_name(idep, service))), "spec", "replicas")
+        if isinstance(replicas, int) and not isinstance(replicas, bool):
+            live[service] = replicas
+    return live
+
+
+def observed_autoscaler(idep: InferaDeployment, service: str, by_key: Observed) -> dict[str, Any]:
+    return by_key.get(("HorizontalPodAutoscaler", child_name(idep, service))) or {}

@@ -18,7 +18,7 @@ from hooks.api.graph import InferaDeployment
 from hooks.api.rules import VLLM_ROLE_RULE
 from hooks.api.services import ServiceSpec
 from hooks.command_line import literal_values
-from hooks.observed import pod_templates
+from hooks.observed import pod_templates, service_of
 from hooks.runtime import (
     EPP_MODULE,
     SERVER_MODULE,
@@ -30,7 +30,7 @@ from hooks.runtime import (
     entry_point,
     kv_plane,
 )
-from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
+from hooks.vocabulary import DEPLOYMENT_LABEL
 
 # Where each entry point listens when its command gives no --port, and SGLang's bind address.
 DEFAULT_PORTS = {SERVER_MODULE: 8000, SGLANG: 30000, VLLM: 8000}
@@ -76,7 +76,7 @@ def check_graph(idep: InferaDeployment, children: list[dict]) -> None:
     selectors: list[tuple[str, str]] = []  # (where, selector) of every router watching pods
     workers: list[dict[str, str]] = []  # labels of every pod a worker registers from
     for child in children:
-        service = ((child.get("metadata") or {}).get("labels") or {}).get(SERVICE_LABEL)
+        service = service_of(child)
         svc = idep.spec.services.get(service or "")
         for template, leader in pod_templates(child):
             containers = template["spec"]["containers"]

@@ -15,11 +15,11 @@ from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.memo import RenderMemo, RolledUp
+from hooks.observed import Observed, live_replicas, model_download, service_of, services_changing
 from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats, network, patches
 from hooks.renderers.pods import pod_template
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
-from hooks.vocabulary import SERVICE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,11 @@ class RenderInputs:
     jobs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, idep: InferaDeployment, observed: status.Observed) -> "RenderInputs":
+    def of(cls, idep: InferaDeployment, observed: Observed) -> "RenderInputs":
         """From the observed children by (kind, name)."""
-        download = status.model_download(idep, observed)
+        download = model_download(idep, observed)
         if download is None:
-            return cls(status.live_replicas(idep, observed))
+            return cls(live_replicas(idep, observed))
         # Which workloads exist matters only while new worker pools wait for the download.
         workloads = (
             frozenset(key for key in observed if key[0] in vocabulary.WORKLOAD_KINDS)
@@ -59,7 +59,7 @@ class RenderInputs:
             else frozenset()
         )
         jobs = {name: as_last_applied(child) for (kind, name), child in observed.items() if kind == "Job"}
-        return cls(status.live_replicas(idep, observed), workloads, download.phase, download.mounted, jobs)
+        return cls(live_replicas(idep, observed), workloads, download.phase, download.mounted, jobs)
 
     def key(self) -> list[Any]:
         return [
@@ -200,7 +200,7 @@ AUTOSCALER_OWNED = {
 def _owned_fields(idep: InferaDeployment, child: dict) -> list[patches.Owned]:
     """What no patch may change in a rendered child: what it always owns, and what its service's
     autoscaler does."""
-    service = _service_of(child)
+    service = service_of(child)
     svc = idep.spec.services.get(service or "")
     autoscaled = () if svc is None or svc.autoscaling is None else AUTOSCALER_OWNED.get(child["kind"], ())
     return [
@@ -253,7 +253,7 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
         return _keep_observed(request, message, now)
     previous = _previous_status(request)
-    changing = status.services_changing(idep, children, request.by_key)
+    changing = services_changing(idep, children, request.by_key)
 
     def roll_up() -> tuple[RolledUp, bool]:
         clock = ReadClock(now)
@@ -292,7 +292,7 @@ def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: Render
     children = render_children(idep, request.allows, inputs)
     preflight.check_graph(idep, children)
     waiting = _waiting_for_model(idep, inputs)
-    return [encoded(child) for child in children if _service_of(child) not in waiting]
+    return [encoded(child) for child in children if service_of(child) not in waiting]
 
 
 def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:
@@ -328,10 +328,6 @@ def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]
     return notices
 
 
-def _service_of(child: dict[str, Any]) -> str | None:
-    return (child["metadata"].get("labels") or {}).get(SERVICE_LABEL)
-
-
 def withhold_unregistered(request: HookRequest, children: list[EncodedChild]) -> tuple[list[EncodedChild], list[str]]:
     """Children of a kind the CompositeController does not register would fail the whole sync.
 
@@ -344,7 +340,7 @@ def withhold_unregistered(request: HookRequest, children: list[EncodedChild]) ->
         return children, []
     blocked = {child.service for child in withheld}
     answer = [child for child in children if child.service not in blocked]
-    kept = [child for child in request.children if _service_of(child) in blocked]
+    kept = [child for child in request.children if service_of(child) in blocked]
     answer += [encoded(child) for child in as_kept(kept, request.children)]
     messages = [
         f"{child.kind} {child.name} cannot be created: this CompositeController does not "

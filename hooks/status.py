@@ -5,10 +5,7 @@ So nothing here depends on dict order, and the clock is read only when a conditi
 changes status; otherwise its lastTransitionTime is carried over from the parent's status.
 """
 
-import json
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,16 +17,22 @@ from hooks.api.status import (
     GaieStatus,
     InferaDeploymentStatus,
     ModelCacheStatus,
-    ModelPhase,
     ServiceStatus,
     State,
 )
-from hooks.contract import LAST_APPLIED_ANNOTATION, field_at, parse_recorded
-from hooks.encoding import EncodedChild
+from hooks.contract import field_at
+from hooks.observed import (
+    MAX_QUOTED_MESSAGE,
+    Download,
+    Observed,
+    as_int,
+    current_ready,
+    model_download,
+    observed_autoscaler,
+    observed_workload,
+)
 from hooks.vocabulary import (
     EPP_SUFFIX,
-    MODEL_VOLUME,
-    WORKLOAD_KINDS,
     child_name,
     download_job_name,
     pool_name,
@@ -43,10 +46,6 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _as_int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _conditions(previous: dict[str, Any]) -> list[Any]:
@@ -93,168 +92,6 @@ def as_wire(status: InferaDeploymentStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-# What another controller writes in a condition can be long (an autoscaler quotes the metrics
-# API's error): quoted in the message, it is cut to this.
-MAX_QUOTED_MESSAGE = 200
-Observed = dict[tuple[str, str], dict]  # observed children by (kind, name)
-
-
-def _workload(idep: InferaDeployment, service: str, observed: Observed) -> dict | None:
-    """The service's observed workload: of the kind the spec asks for, else of the other kind,
-    which still serves during a switch or while the wanted kind is not registered."""
-    name = child_name(idep, service)
-    wanted = observed.get((workload_kind(idep.spec.services[service]), name))
-    if wanted is not None:
-        return wanted
-    return next((observed[(kind, name)] for kind in WORKLOAD_KINDS if (kind, name) in observed), None)
-
-
-def _current_ready(workload: dict | None) -> int:
-    """Ready replicas (pods or groups) that run the current template: a rollout in progress,
-    or a spec change its controller has not seen yet, is not ready."""
-    if workload is None:
-        return 0
-    status = workload.get("status") or {}
-    if _as_int(status.get("observedGeneration")) < _as_int(workload["metadata"].get("generation")):
-        return 0
-    return min(_as_int(status.get("readyReplicas")), _as_int(status.get("updatedReplicas")))
-
-
-def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], observed: Observed) -> list[str]:
-    """The services whose workload this answer creates or changes other than in its replica
-    count (a new template, a switch of kind): the pods the observed workload reports ready run
-    what the spec asked before, and Metacontroller applies the change only after it writes this
-    status, which is the first about the new generation."""
-    changing = set()
-    for child in answer:
-        service = child.service
-        if (
-            child.kind not in WORKLOAD_KINDS
-            or service not in idep.spec.services
-            or child.name != child_name(idep, service)
-        ):
-            continue
-        running = observed.get((child.kind, child.name))
-        recorded = field_at(running, "metadata", "annotations", LAST_APPLIED_ANNOTATION) if running else None
-        if running is None or (isinstance(recorded, str) and _changes_workload(recorded, child.body)):
-            changing.add(service)
-    return sorted(changing)
-
-
-# Verdicts of _changes_workload by their inputs' hashes: every sync brings the same pairs again
-# and parsing them costs a quarter of a sync, hashing them next to nothing (an answer's bytes
-# come from the render memo with their hash cached); a fleet's worth fits in a few megabytes.
-# Two pairs whose 64-bit hashes and lengths all collide would share a verdict for a sync.
-VERDICTS_KEPT = 16384
-_verdicts: OrderedDict[tuple[int, int, int, int], bool] = OrderedDict()
-
-
-def _changes_workload(recorded: str, body: bytes) -> bool:
-    """Whether applying `body` over a workload last applied as `recorded` changes more than its
-    replicas."""
-    key = (hash(recorded), len(recorded), hash(body), len(body))
-    verdict = _verdicts.get(key)
-    if verdict is None:
-        applied = parse_recorded(recorded)
-        verdict = applied is not None and _as_compared(applied) != _as_compared(json.loads(body))
-        _verdicts[key] = verdict
-        if len(_verdicts) > VERDICTS_KEPT:
-            _verdicts.popitem(last=False)
-    else:
-        _verdicts.move_to_end(key)
-    return verdict
-
-
-def _as_compared(workload: dict[str, Any]) -> dict[str, Any]:
-    """A workload without what Metacontroller stamps on it (the namespace, its controller-uid
-    label) and without its replicas."""
-    metadata = {key: value for key, value in (workload.get("metadata") or {}).items() if key != "namespace"}
-    labels = metadata.get("labels")
-    if isinstance(labels, dict):
-        metadata["labels"] = {key: value for key, value in labels.items() if key != "controller-uid"}
-    spec = workload.get("spec")
-    if isinstance(spec, dict):
-        spec = {key: value for key, value in spec.items() if key != "replicas"}
-    return {**workload, "metadata": metadata, "spec": spec}
-
-
-@dataclass(frozen=True)
-class Download:
-    """The model cache as observed: the current source's download Job, and the cache directories
-    (source digests) the observed worker workloads mount."""
-
-    phase: ModelPhase
-    job: dict | None
-    reason: str
-    mounted: dict[str, str]  # service -> the digest its observed workload mounts
-
-
-def _pod_templates(workload: dict) -> list[Any]:
-    spec = workload.get("spec") or {}
-    lws = spec.get("leaderWorkerTemplate") or {}
-    return [spec.get("template"), lws.get("leaderTemplate"), lws.get("workerTemplate")]
-
-
-def _mounted_digests(idep: InferaDeployment, observed: Observed) -> dict[str, str]:
-    services = {child_name(idep, service): service for service, svc in idep.spec.services.items() if svc.is_worker}
-    digests = {}
-    for (kind, name), child in observed.items():
-        if kind not in WORKLOAD_KINDS or name not in services:
-            continue
-        for template in _pod_templates(child):
-            for container in field_at(template, "spec", "containers") or []:
-                for mount in (container.get("volumeMounts") if isinstance(container, dict) else None) or []:
-                    if (
-                        isinstance(mount, dict)
-                        and mount.get("name") == MODEL_VOLUME
-                        and isinstance(mount.get("subPath"), str)
-                    ):
-                        digests[services[name]] = mount["subPath"]
-    return digests
-
-
-def _job_condition(job: dict | None, kind: str) -> dict | None:
-    conditions = field_at(job, "status", "conditions")
-    return (
-        next(
-            (c for c in conditions if isinstance(c, dict) and c.get("type") == kind and c.get("status") == "True"),
-            None,
-        )
-        if isinstance(conditions, list)
-        else None
-    )
-
-
-def model_download(idep: InferaDeployment, observed: Observed) -> Download | None:
-    """Where the model cache's download is, as its Job reports (None without a model cache)."""
-    cache = idep.spec.model_cache
-    if cache is None:
-        return None
-    job = observed.get(("Job", download_job_name(idep, cache.digest)))
-    mounted = _mounted_digests(idep, observed)
-    if _job_condition(job, "Complete"):
-        return Download("Ready", job, "", mounted)
-    failed = _job_condition(job, "Failed")
-    if failed:
-        reason = " ".join(f"{failed.get('reason')}: {failed.get('message')}".split())[:MAX_QUOTED_MESSAGE]
-        return Download("Failed", job, reason, mounted)
-    return Download("Downloading", job, "", mounted)
-
-
-def live_replicas(idep: InferaDeployment, by_key: Observed) -> dict[str, int]:
-    """The replicas each autoscaled service's workload has now, as its autoscaler set them. Only
-    a workload of the kind the spec renders counts: pods and groups are different units, so a
-    switch between one and several nodes starts the new workload afresh."""
-    live = {}
-    for service, svc in idep.spec.services.items():
-        if svc.autoscaling is None:
-            continue
-        replicas = field_at(by_key.get((workload_kind(svc), child_name(idep, service))), "spec", "replicas")
-        if isinstance(replicas, int) and not isinstance(replicas, bool):
-            live[service] = replicas
-    return live
-
-
 def autoscaler_notices(
     idep: InferaDeployment, live: dict[str, int], answered: Collection[tuple[str, str]]
 ) -> list[str]:
@@ -277,20 +114,16 @@ def autoscaler_notices(
 AUTOSCALER_CONDITIONS = ("AbleToScale", "ScalingActive")
 
 
-def _autoscaler(idep: InferaDeployment, service: str, by_key: Observed) -> dict[str, Any]:
-    return by_key.get(("HorizontalPodAutoscaler", child_name(idep, service))) or {}
-
-
 def _autoscaling_status(idep: InferaDeployment, service: str, by_key: Observed) -> AutoscalingStatus | None:
     scaling = idep.spec.services[service].autoscaling
     if scaling is None:
         return None
-    reported = _autoscaler(idep, service, by_key).get("status") or {}
+    reported = observed_autoscaler(idep, service, by_key).get("status") or {}
     return AutoscalingStatus(
         min_replicas=scaling.min_replicas,
         max_replicas=scaling.max_replicas,
-        current_replicas=_as_int(reported.get("currentReplicas")),
-        desired_replicas=_as_int(reported.get("desiredReplicas")),
+        current_replicas=as_int(reported.get("currentReplicas")),
+        desired_replicas=as_int(reported.get("desiredReplicas")),
     )
 
 
@@ -301,8 +134,8 @@ def _autoscaler_trouble(idep: InferaDeployment, by_key: Observed) -> list[str]:
     for service, svc in sorted(idep.spec.services.items()):
         if svc.autoscaling is None:
             continue
-        autoscaler = _autoscaler(idep, service, by_key)
-        if not autoscaler and _workload(idep, service, by_key) is not None:
+        autoscaler = observed_autoscaler(idep, service, by_key)
+        if not autoscaler and observed_workload(idep, service, by_key) is not None:
             trouble.append(
                 f"{service} autoscaler: HorizontalPodAutoscaler {child_name(idep, service)} does not exist yet (if it "
                 "stays missing, the API server refused it: Metacontroller's log says why)"
@@ -324,12 +157,12 @@ def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, Serv
     now, not the ones asked for (the router's scaling API reads them as the current count)."""
     statuses = {}
     for service, svc in sorted(idep.spec.services.items()):
-        workload = _workload(idep, service, by_key)
+        workload = observed_workload(idep, service, by_key)
         reported = (workload or {}).get("status") or {}
         statuses[service] = ServiceStatus(
             kind=workload["kind"] if workload else workload_kind(svc),
-            replicas=_as_int(reported.get("replicas")),
-            ready_replicas=_as_int(reported.get("readyReplicas")),
+            replicas=as_int(reported.get("replicas")),
+            ready_replicas=as_int(reported.get("readyReplicas")),
             autoscaling=_autoscaling_status(idep, service, by_key),
         )
     return statuses
@@ -339,11 +172,11 @@ def _accepted(obj: dict[str, Any] | None) -> bool:
     """A parent (Gateway) reports the object's current generation Accepted=True in
     status.parents[].conditions (an older generation's verdict does not count)."""
     parents = ((obj or {}).get("status") or {}).get("parents") or []
-    generation = _as_int(((obj or {}).get("metadata") or {}).get("generation"))
+    generation = as_int(((obj or {}).get("metadata") or {}).get("generation"))
     return any(
         c.get("type") == "Accepted"
         and c.get("status") == "True"
-        and _as_int(c.get("observedGeneration", generation)) >= generation
+        and as_int(c.get("observedGeneration", generation)) >= generation
         for parent in parents
         if isinstance(parent, dict)
         for c in parent.get("conditions") or []
@@ -360,8 +193,8 @@ def gaie_status(idep: InferaDeployment, by_key: Observed) -> GaieStatus:
     epp = by_key.get(("Deployment", child_name(idep, EPP_SUFFIX))) or {}
     pool = by_key.get(("InferencePool", pool_name(idep)))
     route = by_key.get(("HTTPRoute", route_name(idep)))
-    epp_replicas = _as_int((epp.get("spec") or {}).get("replicas", 1))
-    epp_ready = _as_int((epp.get("status") or {}).get("readyReplicas"))
+    epp_replicas = as_int((epp.get("spec") or {}).get("replicas", 1))
+    epp_ready = as_int((epp.get("status") or {}).get("readyReplicas"))
     # A pool is ready once it exists, or, when its gateway writes conditions, once Accepted.
     pool_ready = pool is not None and (_accepted(pool) or not _reports_conditions(pool))
     route_accepted = _accepted(route)
@@ -403,7 +236,8 @@ def roll_up(
     generation = idep.metadata.generation
     services = service_statuses(idep, by_key)
     current = {
-        service: 0 if service in changing else _current_ready(_workload(idep, service, by_key)) for service in services
+        service: 0 if service in changing else current_ready(observed_workload(idep, service, by_key))
+        for service in services
     }
     # Readiness is judged against the count the spec asks for (a replica that was never created
     # is not ready); an autoscaled service against minReplicas, so a scale-up in progress (minutes

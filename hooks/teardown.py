@@ -24,6 +24,7 @@ from typing import Any
 from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
 from hooks.contract import HookRequest, as_kept, as_last_applied, child_key, field_at
+from hooks.observed import pod_templates, service_of
 from hooks.renderers.pods import pod_template as workload_template
 from hooks.status import Clock, as_wire, terminating, utc_now
 from hooks.vocabulary import (
@@ -32,7 +33,6 @@ from hooks.vocabulary import (
     EPP_SUFFIX,
     MODELS_SUFFIX,
     NATS_SUFFIX,
-    SERVICE_LABEL,
     WORKLOAD_KINDS,
 )
 
@@ -55,15 +55,13 @@ def _labels(obj: Any) -> dict[str, str]:
 
 def _component(workload: dict[str, Any]) -> str | None:
     """server or worker, from the pod template the hook rendered."""
-    template = field_at(workload, "spec", "template") or field_at(
-        workload, "spec", "leaderWorkerTemplate", "leaderTemplate"
-    )
-    return _labels(template).get(COMPONENT_LABEL)
+    templates = pod_templates(workload)
+    return _labels(templates[0][0]).get(COMPONENT_LABEL) if templates else None
 
 
 def stage(child: dict[str, Any]) -> str:
     """ingress, workers or plane."""
-    service = _labels(child).get(SERVICE_LABEL)
+    service = service_of(child)
     if child["kind"] in INGRESS_KINDS or service == EPP_SUFFIX:
         return "ingress"
     if child["kind"] == "Service" and service != NATS_SUFFIX:

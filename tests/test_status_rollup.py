@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from hooks import observed as observed_state
 from hooks import status
 from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION, child_key
@@ -242,26 +243,26 @@ def answer(idep: InferaDeployment) -> list[EncodedChild]:
 
 def test_services_changing_are_those_whose_workload_the_answer_changes_beyond_replicas() -> None:
     observed = recorded(converged(PD))
-    assert status.services_changing(PD, answer(PD), observed) == []
+    assert observed_state.services_changing(PD, answer(PD), observed) == []
     # Replicas alone: an autoscaler's or a scale's doing, counted against the new count instead.
     scaled = with_spec(lambda spec: spec["services"]["decode"].update(replicas=3))
-    assert status.services_changing(scaled, answer(scaled), observed) == []
+    assert observed_state.services_changing(scaled, answer(scaled), observed) == []
     # A new image is a new template for every pod; a workload the answer creates is new too.
     moved = with_spec(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.2"))
-    assert status.services_changing(moved, answer(moved), observed) == ["decode", "prefill", "server"]
+    assert observed_state.services_changing(moved, answer(moved), observed) == ["decode", "prefill", "server"]
     del observed[("Deployment", "qwen-pd-decode")]
-    assert status.services_changing(PD, answer(PD), observed) == ["decode"]
+    assert observed_state.services_changing(PD, answer(PD), observed) == ["decode"]
     # Without a record (a workload adopted from elsewhere) nothing says it changes.
     bare = {
         key: {**child, "metadata": {k: v for k, v in child["metadata"].items() if k != "annotations"}}
         for key, child in observed.items()
     }
-    assert status.services_changing(PD, answer(PD), bare) == ["decode"]
+    assert observed_state.services_changing(PD, answer(PD), bare) == ["decode"]
 
 
 def test_the_verdicts_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(status, "VERDICTS_KEPT", 4)
-    status._verdicts.clear()
+    monkeypatch.setattr(observed_state, "VERDICTS_KEPT", 4)
+    observed_state._verdicts.clear()
     for index in range(10):
-        status._changes_workload(json.dumps({"spec": {"replicas": index}}), b'{"spec": {}}')
-    assert len(status._verdicts) == 4
+        observed_state._changes_workload(json.dumps({"spec": {"replicas": index}}), b'{"spec": {}}')
+    assert len(observed_state._verdicts) == 4
