@@ -28,18 +28,17 @@ from hooks.observed import pod_templates, service_of
 from hooks.renderers.pods import pod_template as workload_template
 from hooks.status import Clock, as_wire, terminating, utc_now
 from hooks.vocabulary import (
+    BY_KIND,
     COMPONENT_LABEL,
     DEPLOYMENT_LABEL,
     EPP_SUFFIX,
     MODELS_SUFFIX,
     NATS_SUFFIX,
-    WORKLOAD_KINDS,
 )
 
 # Metacontroller calls back after this long while the teardown waits (pods draining, deletions
 # propagating), even if no watch event arrives.
 RESYNC_SECONDS = 5
-INGRESS_KINDS = ("InferencePool", "HTTPRoute", "HorizontalPodAutoscaler", "PodDisruptionBudget")
 # Past its deletion deadline by this much, a pod is stuck (lost node) rather than draining.
 STUCK_POD_SLACK = timedelta(seconds=60)
 # Between the deletion request and the worker workloads' deletion (the ingress step).
@@ -62,13 +61,14 @@ def _component(workload: dict[str, Any]) -> str | None:
 def stage(child: dict[str, Any]) -> str:
     """ingress, workers or plane."""
     service = service_of(child)
-    if child["kind"] in INGRESS_KINDS or service == EPP_SUFFIX:
+    step = BY_KIND[child["kind"]].teardown if child["kind"] in BY_KIND else "plane"
+    if step == "ingress" or service == EPP_SUFFIX:
         return "ingress"
-    if child["kind"] == "Service" and service != NATS_SUFFIX:
+    if step == "plane" or service == NATS_SUFFIX:
+        return "plane"
+    if child["kind"] == "Service":
         return "ingress"  # only servers have a Service of their own
-    if child["kind"] in WORKLOAD_KINDS:
-        return "workers" if _component(child) == "worker" else "ingress"
-    return "plane"
+    return "workers" if _component(child) == "worker" else "ingress"
 
 
 def _time(value: Any) -> datetime | None:

@@ -4,7 +4,7 @@ status, teardown, reconcile and the request contract all speak it, so none of th
 another's internals for a name."""
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 # What names and labels are made of: a graph's name, and a service's span. Protocols, not the
@@ -86,28 +86,36 @@ def workload_kind(svc: Service) -> str:
     return "LeaderWorkerSet" if svc.number_of_nodes > 1 else "Deployment"
 
 
+# When teardown deletes a child: with the ingress (first, so no new request arrives), with the
+# plumbing (last), or by what it serves (a server's workload and Service go with the ingress, a
+# worker pool's after it, the broker's with the plumbing).
+TeardownStep = Literal["ingress", "plane", "by service"]
+
+
 @dataclass(frozen=True)
 class ChildKind:
     kind: str
     api_version: str
     resource: str  # as a CompositeController's childResources names it
     component: str | None  # the kustomize component that registers it; None: the base bundle
+    teardown: TeardownStep
 
 
+# In the order the bundle's CompositeController and its components register them.
 CHILD_KINDS = (
-    ChildKind("Deployment", "apps/v1", "deployments", None),
-    ChildKind("StatefulSet", "apps/v1", "statefulsets", None),
-    ChildKind("Service", "v1", "services", None),
-    ChildKind("ServiceAccount", "v1", "serviceaccounts", None),
-    ChildKind("Role", "rbac.authorization.k8s.io/v1", "roles", None),
-    ChildKind("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings", None),
-    ChildKind("HorizontalPodAutoscaler", "autoscaling/v2", "horizontalpodautoscalers", None),
-    ChildKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets", None),
-    ChildKind("PersistentVolumeClaim", "v1", "persistentvolumeclaims", None),
-    ChildKind("Job", "batch/v1", "jobs", None),
-    ChildKind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies", None),
-    ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws"),
-    ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie"),
-    ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie"),
+    ChildKind("Deployment", "apps/v1", "deployments", None, "by service"),
+    ChildKind("Service", "v1", "services", None, "by service"),
+    ChildKind("StatefulSet", "apps/v1", "statefulsets", None, "plane"),
+    ChildKind("ServiceAccount", "v1", "serviceaccounts", None, "plane"),
+    ChildKind("Role", "rbac.authorization.k8s.io/v1", "roles", None, "plane"),
+    ChildKind("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings", None, "plane"),
+    ChildKind("HorizontalPodAutoscaler", "autoscaling/v2", "horizontalpodautoscalers", None, "ingress"),
+    ChildKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets", None, "ingress"),
+    ChildKind("PersistentVolumeClaim", "v1", "persistentvolumeclaims", None, "plane"),
+    ChildKind("Job", "batch/v1", "jobs", None, "plane"),
+    ChildKind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies", None, "plane"),
+    ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws", "by service"),
+    ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie", "ingress"),
+    ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie", "ingress"),
 )
 BY_KIND = {child.kind: child for child in CHILD_KINDS}

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from hooks.vocabulary import CHILD_KINDS
 from tests.e2e import sandbox
 from tests.e2e.graphs import mixed
 from tests.e2e.tokenizer import build_tokenizer
@@ -110,11 +111,7 @@ def test_the_bundle_installs_with_its_hooks_pointed_at_loopback(installed: Insta
     assert {name: hook["webhook"]["url"] for name, hook in composite["spec"]["hooks"].items()} == {
         name: f"{installed.hooks_url}/{name}" for name in ("sync", "finalize", "customize")
     }
-    assert [c["resource"] for c in composite["spec"]["childResources"]][-3:] == [
-        "leaderworkersets",
-        "inferencepools",
-        "httproutes",
-    ]
+    assert [c["resource"] for c in composite["spec"]["childResources"]] == [kind.resource for kind in CHILD_KINDS]
     # Discovery and OpenAPI publish an established CRD a moment later.
     eventually(lambda: cluster.kubectl("explain", "idep.spec.services").returncode == 0, "kubectl explain", 60)
     # The API server type-checks each policy's CEL against the schemas of what it matches.
