@@ -255,25 +255,15 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
     previous = _previous_status(request)
     changing = services_changing(idep, children, request.by_key)
 
+    inputs_read = status.StatusInputs.of(request.by_key, previous, notices, unregistered, changing)
+
     def roll_up() -> tuple[RolledUp, bool]:
         clock = ReadClock(now)
-        rolled_up = status.roll_up(idep, request.by_key, previous, clock, notices, unregistered, changing)
+        rolled_up = status.roll_up(idep, inputs_read, clock)
         return (rolled_up.state, canonical_json(status.as_wire(rolled_up))), not clock.read
 
-    # The roll-up reads the previous conditions, and of each observed child its identity,
-    # generation, replicas (whether set, too) and status (its metadata is an object, its spec
-    # one or none: contract.py checked).
-    observed = [
-        [kind, name, child["metadata"].get("generation"), *_replicas(child.get("spec") or {}), child.get("status")]
-        for (kind, name), child in request.by_key.items()
-    ]
-    key = [previous.get("conditions"), notices, unregistered, changing, observed]
-    state, status_json = memo.status(entry, key, roll_up)
+    state, status_json = memo.status(entry, inputs_read.key(), roll_up)
     return SyncAnswer(state, status_json, children)
-
-
-def _replicas(spec: dict[str, Any]) -> tuple[bool, Any]:
-    return "replicas" in spec, spec.get("replicas")
 
 
 class ReadClock:

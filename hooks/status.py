@@ -6,6 +6,7 @@ changes status; otherwise its lastTransitionTime is carried over from the parent
 """
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +27,7 @@ from hooks.observed import (
     Download,
     Observed,
     as_int,
+    as_object,
     current_ready,
     model_download,
     observed_autoscaler,
@@ -220,19 +222,65 @@ def _gaie_waiting(status: GaieStatus) -> str | None:
     return "gateway: " + ", ".join(parts)
 
 
-def roll_up(
-    idep: InferaDeployment,
-    by_key: Observed,
-    previous: dict[str, Any],
-    now: Clock,
-    notices: Sequence[str] = (),
-    unregistered: Sequence[str] = (),
-    changing: Collection[str] = (),
-) -> InferaDeploymentStatus:
-    """`notices` are changes that could not be applied; `unregistered` names children withheld
-    because the CompositeController does not register their kind (the graph is then failed);
-    `changing` the services whose workload the answer changes (services_changing), none of
-    whose replicas is ready yet. `by_key`: the observed children by (kind, name)."""
+def _as_read(child: dict[str, Any]) -> dict[str, Any]:
+    """What the roll-up reads of an observed child: its kind and name, its generation, its
+    replicas (whether set, too) and its status."""
+    metadata = as_object(child.get("metadata"))
+    read: dict[str, Any] = {
+        "kind": child.get("kind"),
+        "metadata": {"name": metadata.get("name"), "generation": metadata.get("generation")},
+        "status": child.get("status"),
+    }
+    spec = as_object(child.get("spec"))
+    return read | ({"spec": {"replicas": spec["replicas"]}} if "replicas" in spec else {})
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    """Everything the roll-up reads besides the parsed parent, and so the status memo's key.
+    The roll-up reads the observed children from here, as _as_read leaves them, so what it
+    reads cannot outgrow the key."""
+
+    # The observed children by (kind, name), as read.
+    observed: Observed
+    # The previous status's conditions (their transition times are carried over).
+    previous: dict[str, Any]
+    # Changes that could not be applied.
+    notices: tuple[str, ...]
+    # Children withheld because the CompositeController does not register their kind (the
+    # graph is then failed).
+    unregistered: tuple[str, ...]
+    # The services whose workload the answer changes (services_changing): none of their
+    # replicas is ready yet.
+    changing: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        by_key: Observed,
+        previous: dict[str, Any],
+        notices: Sequence[str] = (),
+        unregistered: Sequence[str] = (),
+        changing: Collection[str] = (),
+    ) -> "StatusInputs":
+        observed = {key: _as_read(child) for key, child in sorted(by_key.items())}
+        conditions = {"conditions": previous["conditions"]} if "conditions" in previous else {}
+        return cls(observed, conditions, tuple(notices), tuple(unregistered), tuple(sorted(changing)))
+
+    def key(self) -> list[Any]:
+        return [
+            self.previous.get("conditions"),
+            list(self.notices),
+            list(self.unregistered),
+            list(self.changing),
+            [[kind, name, child] for (kind, name), child in self.observed.items()],
+        ]
+
+
+def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaDeploymentStatus:
+    """The status of the graph from what was observed (`inputs`)."""
+    by_key, previous, notices = inputs.observed, inputs.previous, inputs.notices
+    unregistered, changing = inputs.unregistered, inputs.changing
     generation = idep.metadata.generation
     services = service_statuses(idep, by_key)
     current = {

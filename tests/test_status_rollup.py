@@ -4,6 +4,7 @@ these pin the branches a converging cluster rarely shows."""
 
 import copy
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,11 +56,9 @@ def converged(idep: InferaDeployment, ready: bool = True) -> list[dict[str, Any]
 
 
 def wire(idep: InferaDeployment, observed: list[dict[str, Any]], previous: dict[str, Any] | None = None, **kw: Any):
-    rolled = status.as_wire(
-        status.roll_up(
-            idep, {child_key(child): child for child in observed}, previous or {}, kw.pop("now", clock), **kw
-        )
-    )
+    now = kw.pop("now", clock)
+    inputs = status.StatusInputs.of({child_key(child): child for child in observed}, previous or {}, **kw)
+    rolled = status.as_wire(status.roll_up(idep, inputs, now))
     validate_status(rolled)
     return rolled
 
@@ -266,3 +265,70 @@ def test_the_verdicts_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for index in range(10):
         observed_state._changes_workload(json.dumps({"spec": {"replicas": index}}), b'{"spec": {}}')
     assert len(observed_state._verdicts) == 4
+
+
+# --- the status memo's key: whatever the roll-up reads of an observed child is in it ---------------------------
+
+KEYED_GRAPHS = [GAIE, InferaDeployment.from_parent(parent(REPO / "examples" / "pd-autoscaling.yaml"))]
+# Fields another controller writes, added where they are missing, and values to set them to.
+WRITTEN_FIELDS = [
+    "replicas", "readyReplicas", "updatedReplicas", "observedGeneration", "generation", "currentReplicas",
+    "desiredReplicas", "conditions", "parents", "status", "labels",
+]  # fmt: skip
+VALUES = [None, 0, 2, "True", [{"type": "Accepted", "status": "True", "observedGeneration": 3}]]
+
+
+def changes(node: Any) -> Iterator[tuple[Any, Any]]:
+    """Every (container, key) of `node` a field could be set at: each field present, and the
+    fields controllers write added to each object."""
+    if isinstance(node, dict):
+        for key in list(node):
+            yield node, key
+            yield from changes(node[key])
+        yield from ((node, field) for field in WRITTEN_FIELDS if field not in node)
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            yield node, index
+            yield from changes(item)
+
+
+@pytest.mark.parametrize("idep", KEYED_GRAPHS, ids=lambda idep: idep.name)
+def test_every_observed_field_the_roll_up_reads_is_in_the_status_memos_key(idep: InferaDeployment) -> None:
+    """Each field of each observed child set to each of a few values: where the roll-up, reading
+    the children whole, says anything else, the memo's key differs too."""
+    observed = converged(idep)
+    by_key = {child_key(child): child for child in observed}
+
+    def whole() -> dict[str, Any]:
+        return status.as_wire(status.roll_up(idep, status.StatusInputs(by_key, {}, (), (), ()), clock))
+
+    def key() -> str:  # as the memo takes it: at once, as text
+        return json.dumps(status.StatusInputs.of(by_key, {}).key(), sort_keys=True)
+
+    unchanged, unchanged_key = whole(), key()
+    missed = []
+    for child in observed:
+        for container, field in list(changes(child)):
+            # A child's kind and name identify it; its metadata is an object, its spec and status
+            # one or none (contract.py checks the first two, the API server's schemas the last).
+            if (container is child and field in ("kind", "apiVersion", "metadata")) or (
+                container is child["metadata"] and field == "name"
+            ):
+                continue
+            present, before = (
+                field in container if isinstance(container, dict) else True,
+                container[field] if (not isinstance(container, dict) or field in container) else None,
+            )
+            for value in [None, {}] if container is child and field in ("spec", "status") else VALUES:
+                container[field] = value
+                try:
+                    rolled = whole()
+                except (AttributeError, TypeError):  # a shape the API server's schema refuses
+                    continue
+                if rolled != unchanged and key() == unchanged_key:
+                    missed.append((child["kind"], child["metadata"]["name"], field, value))
+            if present:
+                container[field] = before
+            else:
+                del container[field]
+    assert missed == []
