@@ -37,16 +37,15 @@ def pod_templates(child: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
     """The pod templates of a workload, rendered or observed, each with whether it is rank 0 of
     its group (a LeaderWorkerSet without a leader template starts its leaders from the worker
     template). What is not an object is passed over."""
-    spec = as_object(child.get("spec"))
-    if child.get("kind") in ("Deployment", "StatefulSet"):
-        templates = [(spec.get("template"), True)]
-    elif child.get("kind") == "LeaderWorkerSet":
-        group = as_object(spec.get("leaderWorkerTemplate"))
-        worker = group.get("workerTemplate")
-        templates = [(group.get("leaderTemplate") or worker, True), (worker, False)]
+    kind = child.get("kind")
+    paths = POD_TEMPLATE_PATHS.get(kind, []) if isinstance(kind, str) else []
+    templates = [field_at(child, *path) for path in paths]
+    if len(templates) == 2:  # a LeaderWorkerSet's leader and worker templates
+        leader, worker = templates
+        ranked = [(leader or worker, True), (worker, False)]
     else:
-        templates = []
-    return [(template, leader) for template, leader in templates if isinstance(template, dict)]
+        ranked = [(template, True) for template in templates]
+    return [(template, leader) for template, leader in ranked if isinstance(template, dict)]
 
 
 def as_object(value: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What an InferaDeployment becomes (DESIGN §4), through the real service over HTTP."""
+"""What an InferaDeployment becomes (docs/api.md, "What an InferaDeployment becomes"), through the real service over HTTP."""
 
 import copy
 from typing import Any
