@@ -153,3 +153,28 @@ def test_removing_a_patch_reverts_the_child(hooks) -> None:
     assert "nodeSelector" not in mc.children[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]
     mc.converge()
     assert mc.sync() == []
+
+
+def test_patch_that_removes_a_groups_worker_template_fails_and_keeps_children(hooks) -> None:
+    """The LeaderWorkerSet CRD requires a worker template: without it every apply would fail
+    where only events show it, and teardown would find no pods to drain."""
+    need_schemas()
+    obj = parent(PD)
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    before = {key: c["metadata"]["resourceVersion"] for key, c in mc.children.items()}
+    removal = {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate"}
+    mc.edit(
+        lambda spec: spec.update(
+            patches=[{"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"}, "patch": [removal]}]
+        )
+    )
+    assert mc.child_writes(mc.sync()) == []
+    status = mc.parent["status"]
+    assert status["state"] == "failed"
+    assert status["message"] == (
+        "patches[0] (LeaderWorkerSet qwen-pd-decode): the API server would refuse the patched LeaderWorkerSet: "
+        "spec.leaderWorkerTemplate.workerTemplate: is required: the LeaderWorkerSet CRD refuses a group without it"
+    )
+    assert {key: c["metadata"]["resourceVersion"] for key, c in mc.children.items()} == before
