@@ -14,12 +14,9 @@ Custom kinds (LeaderWorkerSet, InferencePool, HTTPRoute) get their pod templates
 rest of a patch on them is left to the API server.
 """
 
-import hashlib
 import itertools
-import json
 import math
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -191,27 +188,6 @@ def _autoscaler_problems(child: dict) -> Iterator[Problem]:
             yield from _scaling_rules_problems(rules, f"spec.behavior.{direction}")
 
 
-# Syncs re-render the same children over and over (each child status change is a new request):
-# a verdict is kept by the child's digest, which costs a tenth of checking it again.
-VERDICTS_KEPT = 4096
-_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
-
-
-def refusal(child: dict) -> str | None:
-    """Why the API server would refuse this child, or None (for the checks this module makes)."""
-    # Keys in their order, not sorted: the checks meet them in that order, so two children that
-    # differ only in key order may get different (equally true) verdicts.
-    digest = hashlib.blake2b(json.dumps(child, separators=(",", ":")).encode(), digest_size=16).digest()
-    if digest in _verdicts:
-        _verdicts.move_to_end(digest)
-        return _verdicts[digest]
-    verdict = _check_child(child)
-    _verdicts[digest] = verdict
-    if len(_verdicts) > VERDICTS_KEPT:
-        _verdicts.popitem(last=False)
-    return verdict
-
-
 # Checked complete and with every field known: a metric's unknown field would be dropped by the API
 # server and re-applied by Metacontroller on every sync.
 STRICT_KINDS = {"HorizontalPodAutoscaler": "StrictHorizontalPodAutoscaler"}
@@ -226,7 +202,8 @@ def _budget_problems(child: dict) -> Iterator[Problem]:
         )
 
 
-def _check_child(child: dict) -> str | None:
+def refusal(child: dict) -> str | None:
+    """Why the API server would refuse this child, or None (for the checks this module makes)."""
     problem = kubernetes_schema.problem(STRICT_KINDS.get(child["kind"], child["kind"]), child)
     if child["kind"] == "LeaderWorkerSet":  # no schema shipped for the custom kind: its pod templates
         leader_path, worker_path = POD_TEMPLATE_PATHS["LeaderWorkerSet"]

@@ -8,11 +8,8 @@ Hook endpoints may require a bearer token; health and metrics stay open.
 import functools
 import hashlib
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -46,9 +43,9 @@ def _sync(request: HookRequest, memo: RenderMemo) -> Reply:
 
 
 # Every hook is a pure function of the request (sync memoises its renders in the worker's memo),
-# and whether its answers may be cached. Teardown answers depend on the clock (a pod past its
-# deletion deadline, the blind drain window): the same request must get a new answer once time
-# has moved.
+# and whether its answers carry an ETag, which lets Metacontroller reuse one for an unchanged
+# request (a bodiless 304). Finalize answers depend on the clock (a pod past its deletion
+# deadline, the blind drain window): the same request must get a new answer once time has moved.
 HOOK_TABLE: dict[str, tuple[Callable[[HookRequest, RenderMemo], Reply], bool]] = {
     "sync": (_sync, True),
     "finalize": (lambda request, memo: _reply(teardown.finalize(request)), False),
@@ -65,69 +62,6 @@ def error_response(status: int, message: str) -> Response:
     return json_response({"error": message}, status)
 
 
-@dataclass(frozen=True)
-class Answer:
-    body: bytes
-    outcome: str
-    parent: dict  # only its identity, for the log line and metrics
-    summary: observability.Summary
-
-
-class AnswerCache:
-    """Answers by ETag, least recently used first out, bounded in bytes.
-
-    An answer is a function of its request, and Metacontroller resends unchanged requests on
-    every resync and child event, so most calls are repeats: serving them from here skips
-    validation, rendering and serialisation. An answer is kept only when its request comes a
-    second time: most requests that differ at all (a resourceVersion moved) never come again,
-    and keeping each would push out the answers that do repeat, and cost a write to cold
-    memory every call (a tenth of a distinct sync's cost).
-    """
-
-    def __init__(self, max_bytes: int, max_sightings: int) -> None:
-        self.max_bytes = max_bytes
-        self.max_sightings = max_sightings
-        self._answers: OrderedDict[str, Answer] = OrderedDict()
-        self._bytes = 0
-        # ETags answered once and not kept, oldest first out.
-        self._sightings: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def get(self, etag: str) -> Answer | None:
-        with self._lock:
-            answer = self._answers.get(etag)
-            if answer is not None:
-                self._answers.move_to_end(etag)
-            return answer
-
-    def put(self, etag: str, answer: Answer) -> None:
-        """Keep an answer if its request was answered before (and it fits)."""
-        if len(answer.body) > self.max_bytes:
-            return
-        with self._lock:
-            if etag in self._answers:
-                return
-            if self._sightings.pop(etag, self) is self:  # a first sighting
-                self._sightings[etag] = None
-                if len(self._sightings) > self.max_sightings:
-                    del self._sightings[next(iter(self._sightings))]
-                return
-            self._answers[etag] = answer
-            self._bytes += len(answer.body)
-            while self._bytes > self.max_bytes:
-                _, evicted = self._answers.popitem(last=False)
-                self._bytes -= len(evicted.body)
-
-
-# Per gunicorn worker: about 350 PD graphs' answers, the last ones resent. A miss costs little
-# more than decoding the request: the render memo holds the children and the status, and holds
-# a fleet's (docs/performance.md).
-ANSWER_CACHE_BYTES = 4 * 1024 * 1024
-# ETags of requests answered once, to recognise a second sighting: a fleet's worth of parents
-# between two resyncs of one, in about 0.5 MiB.
-ANSWER_CACHE_SIGHTINGS = 4096
-
-
 @functools.cache
 def _etag_prefix(hook: str) -> "hashlib._Hash":
     return hashlib.sha256(BUILD_DIGEST + b"\0" + hook.encode() + b"\0")
@@ -135,7 +69,7 @@ def _etag_prefix(hook: str) -> "hashlib._Hash":
 
 def _etag(hook: str, body: bytes) -> str:
     # An ETag names the answer to one request body for one hook, by this build of the code.
-    # (The prefix's state is copied, not the body: that copy was a tenth of the ETag's cost.)
+    # (The prefix's state is copied, not the body.)
     digest = _etag_prefix(hook).copy()
     digest.update(body)
     return f'"{digest.hexdigest()[:40]}"'
@@ -146,11 +80,8 @@ def _not_modified(etag: str, wanted: str) -> bool:
     return etag in (tag.strip() for tag in wanted.split(","))
 
 
-def _hook(
-    name: str, handler: Callable[[HookRequest, RenderMemo], Reply], memo: RenderMemo, cache: AnswerCache | None
-) -> Response:
-    """Answer one hook call. With a cache, a repeated request is answered from it (or 304 by
-    ETag); without one, every call is computed afresh."""
+def _hook(name: str, handler: Callable[[HookRequest, RenderMemo], Reply], memo: RenderMemo, tagged: bool) -> Response:
+    """Answer one hook call; if `tagged`, with its ETag, and 304 to a request that names it."""
     started = time.perf_counter()
     parent: dict | None = None
     summary: observability.Summary | None = None
@@ -169,16 +100,10 @@ def _hook(
         raw = environ.get(BUFFERED_BODY)
         if raw is None:  # not served through BufferedBody (the Flask test client)
             raw = request.get_data()
-        etag = None
-        if cache is not None:
-            etag = _etag(name, raw)
-            if _not_modified(etag, environ.get("HTTP_IF_NONE_MATCH", "")):
-                outcome = "not_modified"
-                return Response(status=304, headers={"ETag": etag})
-            cached = cache.get(etag)
-            if cached is not None:
-                outcome, parent, summary = cached.outcome, cached.parent, cached.summary
-                return Response(cached.body, mimetype="application/json", headers={"ETag": etag})
+        etag = _etag(name, raw) if tagged else None
+        if etag is not None and _not_modified(etag, environ.get("HTTP_IF_NONE_MATCH", "")):
+            outcome = "not_modified"
+            return Response(status=304, headers={"ETag": etag})
         try:
             hook_request = parse_request(decode(raw))
         except ValueError as error:  # JSONDecodeError and BadRequest
@@ -193,14 +118,7 @@ def _hook(
         except RecursionError:  # deeper than decoding allowed, as deep as encoding cannot go
             return refuse(400, "request body is nested too deeply")
         outcome = "failed" if summary.state == "failed" else "ok"
-        response = Response(body, mimetype="application/json")
-        if cache is not None and etag is not None:
-            response.headers["ETag"] = etag
-            identity = {
-                k: v for k, v in (parent.get("metadata") or {}).items() if k in ("namespace", "name", "generation")
-            }
-            cache.put(etag, Answer(body, outcome, {"metadata": identity}, summary))
-        return response
+        return Response(body, mimetype="application/json", headers={"ETag": etag} if etag else None)
     finally:
         observability.record(name, outcome, time.perf_counter() - started, parent, summary)
 
@@ -248,7 +166,6 @@ def _render_problem() -> str | None:
 
 def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFile | None = None) -> Flask:
     app = Flask(__name__)
-    cache = AnswerCache(ANSWER_CACHE_BYTES, ANSWER_CACHE_SIGHTINGS)
     memo = RenderMemo()
     # Larger bodies get 413 before they are read.
     app.config["MAX_CONTENT_LENGTH"] = max_request_bytes
@@ -264,10 +181,8 @@ def create_app(max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, auth: TokenFi
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
 
-    for name, (handler, cached) in HOOK_TABLE.items():
-        app.add_url_rule(
-            f"/{name}", name, functools.partial(_hook, name, handler, memo, cache if cached else None), methods=["POST"]
-        )
+    for name, (handler, tagged) in HOOK_TABLE.items():
+        app.add_url_rule(f"/{name}", name, functools.partial(_hook, name, handler, memo, tagged), methods=["POST"])
 
     @app.get("/healthz")
     def healthz() -> Response:

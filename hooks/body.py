@@ -77,7 +77,7 @@ class BufferedBody:
         environ.pop("HTTP_TRANSFER_ENCODING", None)
         if len(body) <= self.max_request_bytes:
             # The app takes the body from here rather than reading the stream again through
-            # werkzeug's size-limited reader (a tenth of a cached answer's cost).
+            # werkzeug's size-limited reader, which copies it in chunks.
             environ[BUFFERED_BODY] = body
         return self.app(environ, start_response)
 

@@ -81,8 +81,7 @@ PARENT_FIELDS = tuple(ParentMeta.model_fields)
 KEPT_PER_PARENT = 2
 # Per gunicorn worker, counted as the memory the entries take (retained_bytes): room for about
 # 1,300 PD graphs (32 KB each: 20 KB of children, 11 KB of parsed model, the rest the status
-# and bookkeeping), and with the answer cache what keeps a worker under 100 MB
-# (docs/performance.md).
+# and bookkeeping), what keeps a worker under 100 MB (docs/performance.md).
 MEMO_BYTES = 40 * 1024 * 1024
 # What the memo's own bookkeeping takes beside the values it measures: a parent's entry (its
 # object, its digest, its two tables and its place in the memo), and a kept render's or status's

@@ -113,8 +113,8 @@ def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], ob
 
 
 # Verdicts of _changes_workload by their inputs' hashes: every sync brings the same pairs again
-# and parsing them costs a quarter of a sync, hashing them next to nothing (an answer's bytes
-# come from the render memo with their hash cached); a fleet's worth fits in a few megabytes.
+# and parsing them costs far more than hashing them (an answer's bytes come from the render
+# memo with their hash cached); a fleet's worth fits in a few megabytes.
 # Two pairs whose 64-bit hashes and lengths all collide would share a verdict for a sync.
 VERDICTS_KEPT = 16384
 

@@ -1,5 +1,5 @@
 """The hook pod's memory stays within the bundle's limit in the worst case its bounds allow:
-both workers with their render memo and answer cache full, each with the largest request in
+both workers with their render memo full, each with the largest request in
 flight. Measured as the proportional set size (PSS) of the master and its workers, which is
 what the processes take of the pod's memory (shared pages split between them), with the
 in-memory /tmp volume counted full."""
@@ -46,7 +46,7 @@ def pss_bytes(pids: list[int]) -> int:
 
 def env_heavy_body(index: int) -> bytes:
     """A distinct parent with 6,000 environment variables: its parsed spec and its children
-    take megabytes of a worker's memo, and its answer most of a megabyte of its answer cache."""
+    take megabytes of a worker's memo."""
     obj = parent(PD)
     obj["metadata"]["name"] = f"env-heavy-{index}"
     obj["spec"]["envs"] = [{"name": f"VAR_{j:05d}", "value": f"value-{j}"} for j in range(6000)]
@@ -130,7 +130,7 @@ def test_the_worst_case_stays_under_the_bundle_memory_limit_with_a_margin(tmp_pa
 
         def fill() -> None:
             # Four clients, three rounds: every worker's memo full (each sees about twenty of these
-            # parents), and its answer cache too (an answer is kept when its request comes again).
+            # parents).
             with ThreadPoolExecutor(4) as pool:
                 for _ in range(3):
                     assert set(pool.map(lambda body: client.request("POST", "/sync", body).status, bodies)) == {200}
@@ -156,6 +156,6 @@ def test_the_worst_case_stays_under_the_bundle_memory_limit_with_a_margin(tmp_pa
         assert server.workers() == workers, "a worker died"
     budget = (1 - MARGIN) * limit
     assert peak + tmp_volume <= budget, (
-        f"{peak / 2**20:.0f} MiB at most, and {tmp_volume / 2**20:.0f} MiB of /tmp, with memo and answer cache "
+        f"{peak / 2**20:.0f} MiB at most, and {tmp_volume / 2**20:.0f} MiB of /tmp, with the memo "
         f"full ({filled / 2**20:.0f} MiB): over {1 - MARGIN:.0%} of the {limit / 2**20:.0f} MiB limit"
     )

@@ -105,7 +105,7 @@ def test_every_stage_is_idempotent(hooks) -> None:
     stages = 0
     while not mc.finalized:
         request = parse_request(mc.body(finalizing=True))
-        # The function itself, twice (over HTTP the second call would come from the answer cache).
+        # The function itself, twice, and over HTTP.
         assert (
             teardown.finalize(request)
             == teardown.finalize(request)
