@@ -125,8 +125,11 @@ def serve(options: ServeOptions) -> None:
     from gunicorn.app.base import BaseApplication
     from gunicorn.workers.ggevent import GeventWorker
 
+    from hooks import observability
     from hooks.app import HOOKS, create_app
-    from hooks.observability import CALL_LINES, LOGGING, STATE_TABLE, record
+    from hooks.observability import LOGGING, record
+
+    observability.configure(metrics_directory)
 
     def refused(path: str, outcome: str) -> None:
         hook = path.strip("/")
@@ -162,15 +165,6 @@ def serve(options: ServeOptions) -> None:
         except Exception:
             log.exception("could not fold the metrics of dead worker %s", pid)
 
-    def write_pending() -> None:
-        # A worker leaving writes the states it noted last (a killed one loses at most
-        # FLUSH_SECONDS of them, noted again on each one's next sync) and its last call lines.
-        # gunicorn also calls this in the master, for a worker already gone: the master notes
-        # nothing.
-        if os.getpid() != master:
-            STATE_TABLE.flush()
-            CALL_LINES.flush()
-
     class HookLogger(glogging.Logger):
         """gunicorn's logger without its access log: every hook call logs one line already,
         and probes every few seconds would drown them. (Configured logging turns gunicorn's
@@ -195,7 +189,6 @@ def serve(options: ServeOptions) -> None:
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
             self.cfg.set("child_exit", lambda _server, worker: fold(worker.pid))
-            self.cfg.set("worker_exit", lambda _server, _worker: write_pending())
             if "control_socket_disable" in self.cfg.settings:
                 # Unused, and it would need a writable home directory.
                 self.cfg.set("control_socket_disable", True)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hooks.api.graph import GROUP, KIND, PLURAL, VERSION
 from hooks.server import GRACEFUL_TIMEOUT_SECONDS
 from hooks.vocabulary import CHILD_KINDS, REGISTRATION_SUFFIX
 from tests.support.checkout import copy_checkout
@@ -240,3 +241,50 @@ def test_auth_and_tls_components(tmp_path: Path) -> None:
         assert webhook["caBundle"] == {
             "secretRef": {"name": "infera-hooks-tls", "namespace": "infera-system", "key": "ca.crt"}
         }
+
+
+def test_the_kube_state_metrics_component_runs_a_restricted_exporter_of_inferadeployments(tmp_path: Path) -> None:
+    """What the component adds, valid against Kubernetes' schemas; the exporter itself is run
+    against the real control plane (test_controlplane_graphs.py)."""
+    need_schemas()
+    (tmp_path / "base").mkdir()
+    (tmp_path / "with").mkdir()
+    base = render_overlay(
+        tmp_path / "base",
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../infera-hooks\n",
+    )
+    objects = render_overlay(
+        tmp_path / "with",
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../infera-hooks\n"
+        "components:\n  - ../infera-hooks/metacontroller/components/kube-state-metrics\n",
+    )
+    for obj in objects:
+        validate_object(obj)
+    added = {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects if obj not in base}
+    (config_name,) = [name for kind, name in added if kind == "ConfigMap"]
+    assert config_name.startswith("infera-kube-state-metrics-")  # a new name, so a new rollout, per change
+    assert sorted(added) == sorted(
+        [("ConfigMap", config_name)]
+        + [(kind, "infera-kube-state-metrics") for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+        + [("Deployment", "infera-kube-state-metrics"), ("Service", "infera-kube-state-metrics")]
+    )
+    config = yaml.safe_load(added[("ConfigMap", config_name)]["data"]["custom-resource-state.yaml"])
+    (resource,) = config["spec"]["resources"]
+    assert resource["groupVersionKind"] == {"group": GROUP, "version": VERSION, "kind": KIND}
+    assert added[("ClusterRole", "infera-kube-state-metrics")]["rules"] == [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["list", "watch"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    ]
+    pod = added[("Deployment", "infera-kube-state-metrics")]["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "config", "configMap": {"name": config_name}}]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    # The image is the release the control plane tier builds from its Go module.
+    module = (REPO / "tests" / "kube-state-metrics" / "go.mod").read_text()
+    version = re.search(r"k8s\.io/kube-state-metrics/v2 (v[0-9.]+)", module).group(1)
+    assert container["image"] == f"registry.k8s.io/kube-state-metrics/kube-state-metrics:{version}"

@@ -18,12 +18,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from hooks.api.status import State
 from hooks.vocabulary import CHILD_KINDS
 from tests.e2e import sandbox
 from tests.e2e.graphs import mixed
@@ -736,3 +737,69 @@ def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed,
             ("replace", "/metadata/annotations/" + LAST_APPLIED.replace("/", "~1"))
         ]
     assert json.loads(resizes[-1][0]["value"])["spec"]["replicas"] == 5
+
+
+Series = tuple[str, tuple[tuple[str, str], ...]]  # a metric's name and its labels, sorted
+
+
+def exported(url: str, namespace: str) -> dict[Series, float]:
+    """kube-state-metrics' samples of the InferaDeployments in `namespace` (read with
+    prometheus_client's parser of the text format)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text)
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in families
+        for sample in family.samples
+        if sample.labels.get("namespace") == namespace
+    }
+
+
+def series(metric: str, **labels: str) -> Series:
+    """A series of the graph `exported/qwen-pd`, as kube-state-metrics labels a custom resource's."""
+    identity = {
+        "customresource_group": "infera.amd.com",
+        "customresource_kind": "InferaDeployment",
+        "customresource_version": "v1alpha1",
+        "namespace": "exported",
+        "name": "qwen-pd",
+    }
+    return f"infera_inferadeployment_{metric}", tuple(sorted({**identity, **labels}.items()))
+
+
+def test_kube_state_metrics_exports_each_graphs_state_replicas_and_conditions(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """The kube-state-metrics component: the released program, with the component's identity,
+    arguments and configuration, reads a converged graph's status from the real API server."""
+    from tests.support.kube_state_metrics import running_kube_state_metrics
+
+    with running_kube_state_metrics(installed.cluster, tmp_path) as url:
+        parent = ready_graph(installed, "exported")
+        status = parent["status"]
+        samples = eventually(
+            lambda: (s := exported(url, "exported")).get(series("state", state="ready")) == 1 and s,
+            "the graph's series",
+            60,
+        )
+    expected = {
+        **{series("state", state=state): float(state == "ready") for state in get_args(State)},
+        series("generation"): parent["metadata"]["generation"],
+        series("observed_generation"): status["observedGeneration"],
+        **{
+            series("condition", type=c["type"], reason=c["reason"]): float(c["status"] == "True")
+            for c in status["conditions"]
+        },
+    }
+    for service, counts in status["services"].items():
+        expected[series("service_replicas", service=service)] = counts["replicas"]
+        expected[series("service_ready_replicas", service=service)] = counts["readyReplicas"]
+    assert samples == expected
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True",
+        "SpecValid": "True",
+        "ChildKindsRegistered": "True",
+    }
+    assert all(counts["readyReplicas"] == counts["replicas"] > 0 for counts in status["services"].values())

