@@ -1,17 +1,19 @@
-"""Session fixtures: the real hook service on loopback, and bounded property tests. What tests
-import lives in tests/support."""
+"""Session fixtures: the hook app in this process, the real hook service on loopback, the test
+tiers as markers, and bounded property tests. What tests import lives in tests/support."""
 
 import datetime
 from collections.abc import Iterator
+from pathlib import Path
 
 import hypothesis
 import pytest
 
-from tests.support.service import HookClient, start_server
+from hooks.app import create_app
+from tests.support.service import HookClient, InProcessClient, start_server
 
 # Every property test is bounded in time: 10 s per example at most, and no shrinking (it can
 # take minutes on a failure; the blob printed with a failure replays the example, to shrink it
-# at leisure). Function-scoped fixtures are fine here: the hook service is shared and stateless.
+# at leisure). Function-scoped fixtures are fine here: the hook app is shared and stateless.
 hypothesis.settings.register_profile(
     "infera",
     deadline=datetime.timedelta(seconds=10),
@@ -21,13 +23,28 @@ hypothesis.settings.register_profile(
 )
 hypothesis.settings.load_profile("infera")
 
+# Each folder of tests/ is a tier, and its tests carry the tier's marker (registered in
+# pyproject.toml): `pytest -m "unit or graph"` is the quick loop.
+TIERS = ("unit", "graph", "service", "e2e", "cluster", "repository")
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = item.path.relative_to(TESTS).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of the tier folders {', '.join(TIERS)}")
+        item.add_marker(tier)
+
 
 @pytest.fixture(scope="session")
 def hook_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`infera-hooks serve` on loopback, started once for the tests that need a real server."""
     with start_server(tmp_path_factory.mktemp("hooks")) as url:
         yield url
 
 
 @pytest.fixture(scope="session")
-def hooks(hook_url: str) -> HookClient:
-    return HookClient(hook_url)
+def hooks() -> HookClient:
+    """The hook app called in this process; tests/service/ overrides it with the real server."""
+    return InProcessClient(create_app())

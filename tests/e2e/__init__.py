@@ -1,1 +1,0 @@
-"""End-to-end tests of a rendered graph's data plane (see tests/e2e/sandbox.py)."""

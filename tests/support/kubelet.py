@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
-# The node of the data-plane sandbox (tests/e2e/sandbox.py) on its pod network, where pods reach
+# The node of the data-plane sandbox (tests/support/e2e/sandbox.py) on its pod network, where pods reach
 # the cluster's services; pods are numbered from .10 up.
 NODE_IP = "10.42.0.1"
 POD_NETWORK = "10.42.0"

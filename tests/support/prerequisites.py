@@ -19,7 +19,9 @@ SCHEMAS = Path(os.environ.get("INFERA_SCHEMAS_DIR", SHARED / "schemas"))
 UPSTREAM = SHARED / "upstream"
 RUNTIME = UPSTREAM / "runtime"
 # How a user who cloned the repository alone gets what the tests read from SHARED.
-FETCH = "fetch it with `python3 tests/fetch_shared.py` (needs internet access) or set INFERA_SHARED_DIR to a copy"
+FETCH = (
+    "fetch it with `python3 tests/support/fetch_shared.py` (needs internet access) or set INFERA_SHARED_DIR to a copy"
+)
 
 
 def need(condition: bool, reason: str) -> None:

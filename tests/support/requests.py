@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import yaml
 
+from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.vocabulary import CHILD_KINDS
 from tests.support.prerequisites import REPO, SHARED
 
@@ -149,3 +150,36 @@ def children_by_key(answer: dict[str, Any]) -> dict[tuple[str, str], dict[str, A
     keyed = {(c["kind"], c["metadata"]["name"]): c for c in answer["children"]}
     assert len(keyed) == len(answer["children"]), "duplicate children"
     return keyed
+
+
+def big_graph(services: int) -> dict[str, Any]:
+    """The PD example's parent with `services` decode pools: a large but valid request."""
+    obj = parent(PD)
+    workers = {
+        f"w{i}": {
+            "componentType": "worker",
+            "role": "decode",
+            "resources": {"gpu": 1, "memory": "64Gi"},
+            "args": ["--model-path", "Qwen/Qwen3-0.6B"],
+        }
+        for i in range(services)
+    }
+    obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"], **workers}
+    return obj
+
+
+def observed_as_applied(children: list[dict[str, Any]], status: dict[str, Any], version: int) -> list[dict[str, Any]]:
+    """The children as the API server returns them once applied, each with `status`."""
+    observed = []
+    for child in children:
+        stored = copy.deepcopy(child)
+        stored["metadata"] |= {
+            "namespace": "ml",
+            "uid": f"uid-{child['metadata']['name']}",
+            "resourceVersion": str(version),
+            "generation": 1,
+            "annotations": {**child["metadata"].get("annotations", {}), LAST_APPLIED_ANNOTATION: json.dumps(child)},
+        }
+        stored["status"] = copy.deepcopy(status)
+        observed.append(stored)
+    return observed

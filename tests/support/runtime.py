@@ -2,7 +2,7 @@
 
 The runtime is read, never copied: INFERA_SHARED_DIR (default ../shared) must hold it, and its
 dependencies are installed with the test extra. Only the engines themselves are stood in for,
-since SGLang and vLLM need GPUs: tests/e2e/standins holds `sglang.srt.server_args` and
+since SGLang and vLLM need GPUs: tests/support/e2e/standins holds `sglang.srt.server_args` and
 `vllm.entrypoints.openai.cli_args`, whose command lines are SGLang 0.5.17's and vLLM 0.25.1's as
 recorded in the option lists beside the runtime (the same stand-ins the end-to-end tests run).
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from tests.support.prerequisites import REPO, RUNTIME, need_runtime
 
-STANDINS = REPO / "tests" / "e2e" / "standins"
+STANDINS = REPO / "tests" / "support" / "e2e" / "standins"
 SERVER, EPP, SGLANG, VLLM = "infera.server", "infera.gaie", "infera.engine.sglang", "infera.engine.vllm"
 PARSERS = {
     SERVER: ("infera.server.args", "parse_server_args"),

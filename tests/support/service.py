@@ -1,4 +1,5 @@
-"""`infera-hooks serve` on a loopback port, and a client that checks every answer it gets."""
+"""`infera-hooks serve` on a loopback port, and a client that checks every answer it gets (over
+HTTP, or in this process)."""
 
 import contextlib
 import json
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from flask import Flask
 
 from tests.support.loopback import free_port
 from tests.support.requests import RESPONSE_FIELDS, controller_for, request_body
@@ -35,6 +38,9 @@ class Reply:
 class HookClient:
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "HookClient":
+        return self  # a handle on the one service: a copied simulated world talks to it too
 
     def request(
         self, method: str, path: str, data: bytes | None = None, content_type: str | None = "application/json"
@@ -74,6 +80,22 @@ class HookClient:
     ) -> dict[str, Any]:
         """A sync as the controller that this parent needs (base bundle plus components) sends it."""
         return self.hook("/sync", request_body(parent_obj, observed, version, composite=controller_for(parent_obj)))
+
+
+class InProcessClient(HookClient):
+    """The same client and checks, calling the Flask app in this process: no socket, no
+    gunicorn. What the tests of rendered graphs use; the service tests go over HTTP."""
+
+    def __init__(self, app: Flask) -> None:
+        super().__init__("")
+        self._client = app.test_client()
+
+    def request(
+        self, method: str, path: str, data: bytes | None = None, content_type: str | None = "application/json"
+    ) -> Reply:
+        headers = {"Content-Type": content_type} if content_type else {}
+        response = self._client.open(path, method=method, data=data, headers=headers)
+        return Reply(response.status_code, dict(response.headers), response.get_data())
 
 
 def scrape(client: HookClient) -> dict[str, float]:
