@@ -130,6 +130,9 @@ def serve(options: ServeOptions) -> None:
     from hooks.observability import LOGGING, record
 
     observability.configure(metrics_directory)
+    # The JSON lines name no thread or process: log records skip looking them up (under gevent,
+    # the thread would be a dummy made for each connection's greenlet).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
 
     def refused(path: str, outcome: str) -> None:
         hook = path.strip("/")

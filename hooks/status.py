@@ -232,7 +232,9 @@ def _as_read(child: dict[str, Any]) -> dict[str, Any]:
         "status": child.get("status"),
     }
     spec = as_object(child.get("spec"))
-    return read | ({"spec": {"replicas": spec["replicas"]}} if "replicas" in spec else {})
+    if "replicas" in spec:
+        read["spec"] = {"replicas": spec["replicas"]}
+    return read
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ DEFAULT_BEHAVIOR: dict[str, Any] = {
 }
 # The quantities of a MetricTarget, which the API server stores in canonical form.
 TARGET_QUANTITIES = ("value", "averageValue")
+# A service's budget when its spec has none (a frozen model, shared).
+DEFAULT_BUDGET = DisruptionBudgetSpec()
 
 
 def _without_nulls(node: Any) -> Any:
@@ -93,7 +95,7 @@ def budget_max_unavailable(svc: ServiceSpec) -> int | str | None:
     """The disruption budget's maxUnavailable, or None for no budget: a worker pool has one
     unless disabled; a server only when it always keeps more than one replica (a budget over a
     single router would only say what a drain does anyway)."""
-    budget = svc.disruption_budget or DisruptionBudgetSpec()
+    budget = svc.disruption_budget or DEFAULT_BUDGET
     if not budget.enabled or (not svc.is_worker and svc.fewest_replicas <= 1):
         return None
     return budget.max_unavailable
