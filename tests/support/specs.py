@@ -6,7 +6,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from hooks.runtime import DIST_INIT_PORT, SGLANG_POD_PORTS
 from tests.support.requests import parent, vllm_worker_args
+
+# What a worker pod's other listeners bind by default (the KV plane, a prefill engine's
+# bootstrap server, a group leader's rendezvous): a service port among them is a spec the hook
+# rightly refuses, so a valid spec avoids them.
+POD_PORTS = {*SGLANG_POD_PORTS.values(), DIST_INIT_PORT}
 
 names = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True).filter(lambda n: n not in ("nats", "disc", "epp"))
 quantities = st.sampled_from(["1", "500m", "1000m", "2", 4, "0.5", "1Gi", "1024Mi", "64Gi", "1.5Gi", "2000", "1e3"])
@@ -30,7 +36,7 @@ def resources(component: str) -> st.SearchStrategy[dict[str, Any]]:
 def service(component: str) -> st.SearchStrategy[dict[str, Any]]:
     optional: dict[str, st.SearchStrategy] = {
         "replicas": st.integers(0, 4),
-        "port": st.integers(1024, 65535),
+        "port": st.integers(1024, 65535).filter(lambda port: port not in POD_PORTS),
         "image": st.sampled_from(["engine:v1", "example.com/engine:v2"]),
         "resources": resources(component),
         "args": st.lists(
