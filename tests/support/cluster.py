@@ -42,8 +42,9 @@ NODE_CAPACITY = {
     "amd.com/gpu": "8",
     "nvidia.com/gpu": "8",
 }
-# pd-1p1d-mooncake pins its pools to these hostnames. The scheduler spreads pods, so one-GPU
-# pods soon touch every node: enough nodes stay whole for the 8-GPU pods of multi-node pools.
+# pd-1p1d-mooncake pins its pools to the first two hostnames. The scheduler spreads pods, so
+# one-GPU pods soon touch every node: enough nodes stay whole for the 8-GPU pods of multi-node
+# pools.
 NODE_NAMES = ["gpu-node-a", "gpu-node-b", *(f"gpu-node-{index}" for index in range(1, 31))]
 
 
