@@ -27,6 +27,13 @@ PRINTER_COLUMNS = [
         "description": "Ready services out of all services",
     },
     {"name": "GAIE", "type": "boolean", "priority": 1, "jsonPath": ".status.gaie.ready"},
+    {
+        "name": "Rollout",
+        "type": "string",
+        "jsonPath": ".status.rollout.phase",
+        "description": "Under BlueGreen: Stable, Progressing, Stalled, Switching or Draining",
+    },
+    {"name": "Serving", "type": "string", "priority": 1, "jsonPath": ".status.rollout.servingGeneration"},
     {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -32,12 +32,15 @@ GROW_ONLY: dict[str, list[tuple[Path, str]]] = {
 REPLACED_ON_CHANGE: dict[str, list[tuple[Path, str]]] = {
     "LeaderWorkerSet": [(("spec", "leaderWorkerTemplate", "size"), "numberOfNodes")],
     # Only a child another controller created has another selector: the upstream operator puts
-    # its managed-by label in every selector. A Service's could change in place, but the 3-way
-    # merge keeps a key it never applied, and the Service would then select no new pod.
+    # its managed-by label in every selector.
     "Deployment": [(("spec", "selector"), "the selector")],
     "StatefulSet": [(("spec", "selector"), "the selector")],
     "Service": [(("spec", "selector"), "the selector")],
 }
+# Of those, the fields the API server lets change: replaced only when the stored map holds a key
+# the hook never applied, which the 3-way merge would keep (the Service would then select no new
+# pod). Otherwise they change in place: BlueGreen moves a server's Service to the next generation.
+MERGED_IN_PLACE = {("Service", ("spec", "selector"))}
 
 
 def _smaller(wanted: str, stored: str) -> bool:
@@ -86,6 +89,17 @@ def _recorded_holds(recorded: str, path: Path) -> bool | None:
     return None if applied is None else field_at(applied, *path) is not None
 
 
+def _holds_foreign_keys(current: dict[str, Any], path: Path, wanted: Any) -> bool:
+    """Whether the map stored at `path` holds a key neither `wanted` nor applied by the hook."""
+    recorded = field_at(current, "metadata", "annotations", LAST_APPLIED_ANNOTATION)
+    applied = field_at(parse_recorded(recorded) if isinstance(recorded, str) else None, *path)
+    stored = field_at(current, *path)
+    if not isinstance(stored, dict):
+        return True
+    known = set(wanted if isinstance(wanted, dict) else ()) | set(applied if isinstance(applied, dict) else ())
+    return not set(stored) <= known
+
+
 def _verbatim(stored: Any, wanted: Any) -> bool:
     return stored == wanted and canonical_json(stored) == canonical_json(wanted)
 
@@ -112,6 +126,7 @@ def keep_immutable_fields(
             (path, spec_field)
             for path, spec_field in REPLACED_ON_CHANGE.get(child.kind, [])
             if field_at(current, *path) != child.fields[path]
+            and ((child.kind, path) not in MERGED_IN_PLACE or _holds_foreign_keys(current, path, child.fields[path]))
         ]
         if replaced:
             for path, spec_field in replaced:

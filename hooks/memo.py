@@ -105,6 +105,8 @@ class ParentEntry:
     size: int
     renders: OrderedDict[bytes, Rendered] = field(default_factory=OrderedDict)
     statuses: OrderedDict[bytes, RolledUp] = field(default_factory=OrderedDict)
+    # The spec's generation (hooks.generations), or the SpecError message computing it raised.
+    generations: OrderedDict[bytes, tuple[bool, str]] = field(default_factory=OrderedDict)
 
     def idep(self) -> InferaDeployment:
         if isinstance(self.parsed, str):
@@ -225,6 +227,23 @@ class RenderMemo:
         if isinstance(rendered, str):
             raise SpecError(rendered)
         return rendered
+
+    def generation(self, entry: ParentEntry, inputs: Any, compute: Callable[[], str]) -> str:
+        """The spec's generation `compute` makes from `inputs` (everything else it reads), from
+        the memo when computed from these inputs before. A SpecError is remembered and raised
+        again."""
+        key = _key(inputs)
+        computed = self._get(entry.generations, key)
+        if computed is None:
+            try:
+                computed = (True, compute())
+            except SpecError as error:
+                computed = (False, str(error))
+            self._add(entry, entry.generations, key, computed)
+        valid, text = computed
+        if not valid:
+            raise SpecError(text)
+        return text
 
     def status(self, entry: ParentEntry, inputs: Any, roll_up: Callable[[], tuple[RolledUp, bool]]) -> RolledUp:
         """The status `roll_up` makes for this parent from `inputs` (everything else it reads),

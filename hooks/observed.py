@@ -19,6 +19,7 @@ from hooks.vocabulary import (
     WORKLOAD_KINDS,
     child_name,
     download_job_name,
+    generation_name,
     workload_kind,
 )
 
@@ -71,9 +72,10 @@ Observed = dict[tuple[str, str], dict]  # observed children by (kind, name)
 
 
 def observed_workload(idep: InferaDeployment, service: str, observed: Observed) -> dict | None:
-    """The service's observed workload: of the kind the spec asks for, else of the other kind,
-    which still serves during a switch or while the wanted kind is not registered."""
-    name = child_name(idep, service)
+    """The service's observed workload of the generation `idep` renders: of the kind the spec
+    asks for, else of the other kind, which still serves during a switch or while the wanted kind
+    is not registered."""
+    name = generation_name(idep, service)
     wanted = observed.get((workload_kind(idep.spec.services[service]), name))
     if wanted is not None:
         return wanted
@@ -102,7 +104,7 @@ def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], ob
         if (
             child.kind not in WORKLOAD_KINDS
             or service not in idep.spec.services
-            or child.name != child_name(idep, service)
+            or child.name != generation_name(idep, service)
         ):
             continue
         running = observed.get((child.kind, child.name))
@@ -159,14 +161,15 @@ class Download:
     phase: ModelPhase
     job: dict | None
     reason: str
-    mounted: dict[str, str]  # service -> the digest its observed workload mounts
+    mounted: dict[str, str]  # workload name -> the digest that worker workload mounts
 
 
 def _mounted_digests(idep: InferaDeployment, observed: Observed) -> dict[str, str]:
-    services = {child_name(idep, service): service for service, svc in idep.spec.services.items() if svc.is_worker}
+    """The digest each observed worker workload mounts (of any generation), by workload name."""
+    workers = {service for service, svc in idep.spec.services.items() if svc.is_worker}
     digests = {}
     for (kind, name), child in observed.items():
-        if kind not in WORKLOAD_KINDS or name not in services:
+        if kind not in WORKLOAD_KINDS or service_of(child) not in workers:
             continue
         for template, _ in pod_templates(child):
             for container in field_at(template, "spec", "containers") or []:
@@ -176,7 +179,7 @@ def _mounted_digests(idep: InferaDeployment, observed: Observed) -> dict[str, st
                         and mount.get("name") == MODEL_VOLUME
                         and isinstance(mount.get("subPath"), str)
                     ):
-                        digests[services[name]] = mount["subPath"]
+                        digests[name] = mount["subPath"]
     return digests
 
 
@@ -209,14 +212,15 @@ def model_download(idep: InferaDeployment, observed: Observed) -> Download | Non
 
 
 def live_replicas(idep: InferaDeployment, by_key: Observed) -> dict[str, int]:
-    """The replicas each autoscaled service's workload has now, as its autoscaler set them. Only
-    a workload of the kind the spec renders counts: pods and groups are different units, so a
-    switch between one and several nodes starts the new workload afresh."""
+    """The replicas each autoscaled service's workload (of the generation `idep` renders, which
+    the autoscaler scales) has now, as its autoscaler set them. Only a workload of the kind the
+    spec renders counts: pods and groups are different units, so a switch between one and
+    several nodes starts the new workload afresh."""
     live = {}
     for service, svc in idep.spec.services.items():
         if svc.autoscaling is None:
             continue
-        replicas = field_at(by_key.get((workload_kind(svc), child_name(idep, service))), "spec", "replicas")
+        replicas = field_at(by_key.get((workload_kind(svc), generation_name(idep, service))), "spec", "replicas")
         if isinstance(replicas, int) and not isinstance(replicas, bool):
             live[service] = replicas
     return live

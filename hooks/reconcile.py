@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hooks import admission, preflight, runtime, status, vocabulary
+from hooks import admission, generations, preflight, runtime, status, vocabulary
 from hooks.api.fields import SpecError, primary_index
 from hooks.api.graph import InferaDeployment
 from hooks.contract import HookRequest, as_kept, as_last_applied
 from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
+from hooks.generations import Rollout
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.memo import RenderMemo, RolledUp
@@ -45,13 +46,18 @@ class RenderInputs:
     model_phase: str | None = None
     mounted: dict[str, str] = field(default_factory=dict)
     jobs: dict[str, Any] = field(default_factory=dict)
+    # The generation the front door (servers' Services, HTTPRoute, autoscalers) is rendered at.
+    serving: str = ""
 
     @classmethod
-    def of(cls, idep: InferaDeployment, observed: Observed) -> "RenderInputs":
-        """From the observed children by (kind, name)."""
+    def of(cls, idep: InferaDeployment, observed: Observed, rollout: Rollout | None = None) -> "RenderInputs":
+        """From the observed children by (kind, name), for `idep` at the desired generation."""
+        # An autoscaler's count is that of the generation it scales now: a new one starts there.
+        live = live_replicas(idep.at_generation(rollout.front) if rollout else idep, observed)
+        serving = rollout.serving if rollout else idep.graph_generation
         download = model_download(idep, observed)
         if download is None:
-            return cls(live_replicas(idep, observed))
+            return cls(live, serving=serving)
         # Which workloads exist matters only while new worker pools wait for the download.
         workloads = (
             frozenset(key for key in observed if key[0] in vocabulary.WORKLOAD_KINDS)
@@ -59,7 +65,7 @@ class RenderInputs:
             else frozenset()
         )
         jobs = {name: as_last_applied(child) for (kind, name), child in observed.items() if kind == "Job"}
-        return cls(live_replicas(idep, observed), workloads, download.phase, download.mounted, jobs)
+        return cls(live, workloads, download.phase, download.mounted, jobs, serving)
 
     def key(self) -> list[Any]:
         return [
@@ -68,6 +74,7 @@ class RenderInputs:
             self.model_phase,
             sorted(self.mounted.items()),
             self.jobs,
+            self.serving,
         ]
 
 
@@ -84,7 +91,7 @@ def render_children(
     a gateway object, the graph is rendered as with GAIE off (no sidecars rolled into every GPU
     pod, no router in direct mode), and the gateway objects follow unpatched, for
     withhold_unregistered to name."""
-    gateway = gaie.render(idep)
+    gateway = gaie.render(idep, idep.at_generation(inputs.serving))
     if not all(allows(child) for child in gateway):
         return _rendered(gaie.without_gateway(idep, gateway), [], allows, inputs) + gateway
     return _rendered(idep, gateway, allows, inputs)
@@ -93,6 +100,8 @@ def render_children(
 def _rendered(
     idep: InferaDeployment, gateway: list[dict], allows: Callable[[dict], bool], inputs: RenderInputs
 ) -> list[dict]:
+    # The front door: at the serving generation, which under BlueGreen may not be `idep`'s.
+    front = idep.at_generation(inputs.serving)
     sizes = RenderedSize()
     children: list[dict] = []
     cache_children, kept_jobs = _model_cache_children(idep, inputs)
@@ -113,10 +122,10 @@ def _rendered(
         pods = workload(idep, service, svc, inputs.live_replicas.get(service), model_dir)
         add(pods)
         if not svc.is_worker:
-            add(server_service(idep, service, svc))
+            add(server_service(front, service, svc))
         for child in network.service_policies(idep, service, svc, pods):
             add(child)
-        for child in autoscaling.render(idep, service, svc):
+        for child in autoscaling.render(front, service, svc):
             # A budget nobody asked for is left out where the controller cannot create it,
             # rather than holding up the pool (defaults_left_out says so).
             if child["kind"] != "PodDisruptionBudget" or svc.disruption_budget is not None or allows(child):
@@ -138,7 +147,7 @@ def _waiting_for_model(idep: InferaDeployment, inputs: RenderInputs) -> set[str]
         for service, svc in idep.spec.services.items()
         if svc.is_worker
         and not any(
-            (kind, vocabulary.child_name(idep, service)) in inputs.workloads for kind in vocabulary.WORKLOAD_KINDS
+            (kind, vocabulary.generation_name(idep, service)) in inputs.workloads for kind in vocabulary.WORKLOAD_KINDS
         )
     }
 
@@ -186,7 +195,10 @@ def _model_dir(idep: InferaDeployment, inputs: RenderInputs, service: str, waiti
     cache = idep.spec.model_cache
     if cache is None or inputs.model_phase is None:
         return None
-    return cache.digest if inputs.model_phase == "Ready" or service in waiting else inputs.mounted.get(service)
+    if inputs.model_phase == "Ready" or service in waiting or idep.spec.blue_green:
+        # Under BlueGreen a new source makes a new generation, which waits for its download.
+        return cache.digest
+    return inputs.mounted.get(vocabulary.generation_name(idep, service))
 
 
 # What spec.services.<name>.autoscaling decides, by kind: a patch setting it would fight the autoscaler.
@@ -236,10 +248,12 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
     memo = memo or RenderMemo(0)
     try:
         entry = memo.parent(request.parent)
-        idep = entry.idep()
-        inputs = RenderInputs.of(idep, request.by_key)
         registered = None if request.registered is None else sorted(request.registered)
+        rollout = _rollout(entry.idep(), request, lambda compute: memo.generation(entry, registered, compute))
+        idep = entry.idep().at_generation(rollout.desired if rollout else "")
+        inputs = RenderInputs.of(idep, request.by_key, rollout)
         children = memo.rendered(entry, [registered, inputs.key()], lambda: _checked_render(idep, request, inputs))
+        children = children + _kept_generations(request, rollout)
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.by_key)
         answered = {(child.kind, child.name) for child in children}
@@ -255,7 +269,8 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
     previous = _previous_status(request)
     changing = services_changing(idep, children, request.by_key)
 
-    inputs_read = status.StatusInputs.of(request.by_key, previous, notices, unregistered, changing)
+    rollout_read = generations.RolloutRead.of(rollout, request.children) if rollout else None
+    inputs_read = status.StatusInputs.of(request.by_key, previous, notices, unregistered, changing, rollout_read)
 
     def roll_up() -> tuple[RolledUp, bool]:
         clock = ReadClock(now)
@@ -264,6 +279,36 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
 
     state, status_json = memo.status(entry, inputs_read.key(), roll_up)
     return SyncAnswer(state, status_json, children)
+
+
+def _rollout(
+    idep: InferaDeployment, request: HookRequest, remembered: Callable[[Callable[[], str]], str]
+) -> Rollout | None:
+    """Which generations to answer, or None for a graph that has only ever run outside BlueGreen.
+    `remembered` looks the spec's generation up in the memo, or computes it."""
+
+    def spec_generation() -> str:
+        inputs = RenderInputs(model_phase=None if idep.spec.model_cache is None else "Ready")
+        return generations.digest(render_children(idep.at_generation(""), request.allows, inputs))
+
+    desired = remembered(spec_generation) if idep.spec.blue_green else ""
+    rollout = generations.plan(idep.at_generation(desired), request.by_key)
+    if not idep.spec.blue_green and rollout.served <= {""}:
+        return None
+    generations.check_switch(rollout, request.by_key, lambda: remembered(spec_generation))
+    return rollout
+
+
+def _kept_generations(request: HookRequest, rollout: Rollout | None) -> list[EncodedChild]:
+    """The children of generations still served that the spec no longer renders, as applied."""
+    if rollout is None or not rollout.kept:
+        return []
+    kept = [
+        child
+        for child in request.children
+        if generations.belongs_to_a_generation(child) and generations.generation_of(child) in rollout.kept
+    ]
+    return [encoded(child) for child in as_kept(kept, request.children)]
 
 
 class ReadClock:
@@ -282,7 +327,13 @@ def _checked_render(idep: InferaDeployment, request: HookRequest, inputs: Render
     children = render_children(idep, request.allows, inputs)
     preflight.check_graph(idep, children)
     waiting = _waiting_for_model(idep, inputs)
-    return [encoded(child) for child in children if service_of(child) not in waiting]
+    # Under BlueGreen the serving generation's pods stay: their budget, autoscaler and policies too.
+    withheld = vocabulary.WORKLOAD_KINDS if idep.spec.blue_green else None
+    return [
+        encoded(child)
+        for child in children
+        if service_of(child) not in waiting or (withheld is not None and child["kind"] not in withheld)
+    ]
 
 
 def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]:

@@ -22,6 +22,7 @@ from hooks.api.status import (
     State,
 )
 from hooks.contract import field_at
+from hooks.generations import RolloutRead, rollout_status
 from hooks.observed import (
     MAX_QUOTED_MESSAGE,
     Download,
@@ -35,8 +36,10 @@ from hooks.observed import (
 )
 from hooks.vocabulary import (
     EPP_SUFFIX,
+    WORKLOAD_KINDS,
     child_name,
     download_job_name,
+    generation_name,
     pool_name,
     route_name,
     workload_kind,
@@ -192,7 +195,7 @@ def _reports_conditions(obj: dict[str, Any]) -> bool:
 
 def gaie_status(idep: InferaDeployment, by_key: Observed) -> GaieStatus:
     """The Inference Gateway objects as their controllers report them."""
-    epp = by_key.get(("Deployment", child_name(idep, EPP_SUFFIX))) or {}
+    epp = by_key.get(("Deployment", generation_name(idep, EPP_SUFFIX))) or {}
     pool = by_key.get(("InferencePool", pool_name(idep)))
     route = by_key.get(("HTTPRoute", route_name(idep)))
     epp_replicas = as_int((epp.get("spec") or {}).get("replicas", 1))
@@ -231,6 +234,9 @@ def _as_read(child: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": metadata.get("name"), "generation": metadata.get("generation")},
         "status": child.get("status"),
     }
+    # How long a new generation has taken (a workload's age does not change otherwise).
+    if child.get("kind") in WORKLOAD_KINDS and "creationTimestamp" in metadata:
+        read["metadata"]["creationTimestamp"] = metadata["creationTimestamp"]
     spec = as_object(child.get("spec"))
     if "replicas" in spec:
         read["spec"] = {"replicas": spec["replicas"]}
@@ -255,6 +261,8 @@ class StatusInputs:
     # The services whose workload the answer changes (services_changing): none of their
     # replicas is ready yet.
     changing: tuple[str, ...]
+    # Under BlueGreen (or leaving it): which generations serve and exist.
+    rollout: RolloutRead | None = None
 
     @classmethod
     def of(
@@ -264,10 +272,11 @@ class StatusInputs:
         notices: Sequence[str] = (),
         unregistered: Sequence[str] = (),
         changing: Collection[str] = (),
+        rollout: RolloutRead | None = None,
     ) -> "StatusInputs":
         observed = {key: _as_read(child) for key, child in sorted(by_key.items())}
         conditions = {"conditions": previous["conditions"]} if "conditions" in previous else {}
-        return cls(observed, conditions, tuple(notices), tuple(unregistered), tuple(sorted(changing)))
+        return cls(observed, conditions, tuple(notices), tuple(unregistered), tuple(sorted(changing)), rollout)
 
     def key(self) -> list[Any]:
         return [
@@ -275,15 +284,21 @@ class StatusInputs:
             list(self.notices),
             list(self.unregistered),
             list(self.changing),
+            self.rollout.key() if self.rollout else None,
             [[kind, name, child] for (kind, name), child in self.observed.items()],
         ]
 
 
 def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaDeploymentStatus:
-    """The status of the graph from what was observed (`inputs`)."""
+    """The status of the graph (`idep` at the spec's generation) from what was observed
+    (`inputs`): its readiness is that of the generation behind the front door."""
     by_key, previous, notices = inputs.observed, inputs.previous, inputs.notices
     unregistered, changing = inputs.unregistered, inputs.changing
     generation = idep.metadata.generation
+    rolled = rollout_status(idep, inputs.rollout, by_key, now) if inputs.rollout else None
+    if inputs.rollout and inputs.rollout.serving != idep.graph_generation:
+        # The answer changes the incoming generation, not the one that serves.
+        idep, changing = idep.at_generation(inputs.rollout.serving), ()
     services = service_statuses(idep, by_key)
     current = {
         service: 0 if service in changing else current_ready(observed_workload(idep, service, by_key))
@@ -339,14 +354,22 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
     if cache:
         model_ready = MODEL_READY[cache.phase]
         conditions.append(_condition("ModelReady", *model_ready, cache.message, generation, previous, now))
+    rollout, rolling = None, []
+    if rolled:
+        rollout, (progressing, reason) = rolled
+        conditions.append(_condition("Progressing", progressing, reason, rollout.message, generation, previous, now))
+        rolling = [rollout.message] if rollout.phase != "Stable" else []
     return InferaDeploymentStatus(
         state="failed" if unregistered or download_failed else state,
-        message="; ".join([*unregistered, *download_failed, message, *_autoscaler_trouble(idep, by_key), *notices]),
+        message="; ".join(
+            [*unregistered, *download_failed, message, *rolling, *_autoscaler_trouble(idep, by_key), *notices]
+        ),
         ready_services=f"{total - len(waiting)}/{total}",
         services=services,
         conditions=conditions,
         gaie=gateway,
         model_cache=cache,
+        rollout=rollout,
     )
 
 
@@ -410,6 +433,7 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
             ),
             *_carried_over("ChildKindsRegistered", previous),
             *_carried_over("ModelReady", previous),
+            *_carried_over("Progressing", previous),
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),
         ],
     )

@@ -13,6 +13,9 @@ class Graph(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def graph_generation(self) -> str: ...
+
 
 class Service(Protocol):
     @property
@@ -26,6 +29,9 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "infera-hooks"
 # On the worker pods that carry the GAIE frontend sidecar: the InferencePool selects on it.
 GAIE_FRONTEND_LABEL = "infera.amd.com/gaie-frontend"
+# Under BlueGreen, on every pod of a generation and on the children that belong to it: its
+# routers and Endpoint Picker see only workers that carry their own generation.
+GENERATION_LABEL = "infera.amd.com/generation"
 
 # Suffixes of the plumbing children; a service of the same name would collide with them.
 NATS_SUFFIX = "nats"
@@ -51,9 +57,22 @@ def selector_labels(idep: Graph, service: str) -> dict[str, str]:
     return {DEPLOYMENT_LABEL: idep.name, SERVICE_LABEL: service}
 
 
+def generation_labels(idep: Graph) -> dict[str, str]:
+    """What marks the pods and children of the generation being rendered (none outside BlueGreen)."""
+    return {GENERATION_LABEL: idep.graph_generation} if idep.graph_generation else {}
+
+
+def generation_name(idep: Graph, suffix: str) -> str:
+    """A child that belongs to one generation: a service's workload, the Endpoint Picker and its
+    Service. Outside BlueGreen, the plain child name."""
+    name = child_name(idep, suffix)
+    return f"{name}-{idep.graph_generation}" if idep.graph_generation else name
+
+
 def graph_selector(idep: Graph) -> str:
-    """Every pod of the graph, as a label selector: what its routers watch for workers."""
-    return f"{DEPLOYMENT_LABEL}={idep.name}"
+    """The graph's pods of the generation being rendered, as a label selector: what its routers
+    watch for workers."""
+    return ",".join(f"{key}={value}" for key, value in {DEPLOYMENT_LABEL: idep.name, **generation_labels(idep)}.items())
 
 
 def identity_labels(idep: Graph, service: str) -> dict[str, str]:
@@ -64,13 +83,19 @@ def object_metadata(idep: Graph, service: str, name: str | None = None) -> dict:
     return {"name": name or child_name(idep, service), "labels": identity_labels(idep, service)}
 
 
+def generation_metadata(idep: Graph, service: str) -> dict:
+    """The metadata of a child that belongs to the generation being rendered."""
+    return {"name": generation_name(idep, service), "labels": identity_labels(idep, service) | generation_labels(idep)}
+
+
 def download_job_name(idep: Graph, digest: str) -> str:
     """The Job that downloads the source with this digest into the model cache."""
     return child_name(idep, f"download-{digest}")
 
 
 def pool_name(idep: Graph) -> str:
-    return child_name(idep, "pool")
+    """The InferencePool of the generation being rendered."""
+    return generation_name(idep, "pool")
 
 
 def route_name(idep: Graph) -> str:

@@ -6,19 +6,32 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from hooks.api.env import EnvVar
 from hooks.api.fields import ApiModel, ImageReference, SpecError
-from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, NatsSpec
+from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, NatsSpec, RolloutSpec
 from hooks.api.network import NetworkPolicySpec
 from hooks.api.rules import (
+    BLUE_GREEN_DISCOVERY_RULE,
+    BLUE_GREEN_FRONT_DOOR_RULE,
+    BLUE_GREEN_NAME_RULE,
     CHILD_NAME_RULE,
     ETCD_ENDPOINT_RULE,
     GAIE_IMAGE_RULE,
     GAIE_NAME_RULE,
     GAIE_REQUIRED_RULE,
+    GENERATION_SUFFIX,
     IMAGE_RULE,
     MAX_CHILD_NAME,
     MAX_LWS_NAME,
@@ -111,6 +124,17 @@ class InferaDeploymentSpec(ApiModel):
             "has(self.services[s].args) || has(self.services[s].extraPodSpec))",
             VLLM_ROLE_RULE,
         ),
+        cel(
+            "!has(self.rollout) || !has(self.rollout.strategy) || self.rollout.strategy != 'BlueGreen' || "
+            "(has(self.gaie) && has(self.gaie.enabled) && self.gaie.enabled) || "
+            "self.services.exists(s, self.services[s].componentType == 'server')",
+            BLUE_GREEN_FRONT_DOOR_RULE,
+        ),
+        cel(
+            "!has(self.rollout) || !has(self.rollout.strategy) || self.rollout.strategy != 'BlueGreen' || "
+            "!has(self.discoveryBackend) || self.discoveryBackend == 'kubernetes'",
+            BLUE_GREEN_DISCOVERY_RULE,
+        ),
     )
 
     backend_framework: Literal["sglang", "vllm"] = "sglang"
@@ -149,6 +173,12 @@ class InferaDeploymentSpec(ApiModel):
     """Download the model once into a claim the workers mount; workers wait for it."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Which of the graph's pods admit only the traffic the graph needs."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How a change to what the processes run reaches the pods: in place, or a generation at a time."""
+
+    @property
+    def blue_green(self) -> bool:
+        return self.rollout.strategy == "BlueGreen"
 
     @field_validator("services")
     @classmethod
@@ -191,6 +221,10 @@ class InferaDeploymentSpec(ApiModel):
         for name, service in self.services.items():
             if not (service.image or self.image or service.template_image):
                 raise ValueError(f"{IMAGE_RULE} (services.{name} has none)")
+        if self.blue_green and self.discovery_backend != "kubernetes":
+            raise ValueError(BLUE_GREEN_DISCOVERY_RULE)
+        if self.blue_green and not (self.gaie.enabled or any(not s.is_worker for s in self.services.values())):
+            raise ValueError(BLUE_GREEN_FRONT_DOOR_RULE)
         return self
 
 
@@ -223,6 +257,9 @@ class InferaDeployment(BaseModel):
 
     metadata: ParentMeta
     spec: InferaDeploymentSpec
+    # Which generation of the graph a render makes: "" for the children named and selected as
+    # under RollingUpdate, else a BlueGreen generation's digest (hooks.generations).
+    _generation: str = PrivateAttr(default="")
 
     @classmethod
     def from_parent(cls, parent: dict[str, Any]) -> "InferaDeployment":
@@ -252,6 +289,14 @@ class InferaDeployment(BaseModel):
             raise ValueError(GAIE_NAME_RULE)
         if self.spec.model_cache is not None and len(self.name) > MAX_MODEL_CACHE_NAME:
             raise ValueError(MODEL_CACHE_NAME_RULE)
+        if self.spec.blue_green:
+            names = [(f"{self.name}-{service}", svc.number_of_nodes > 1) for service, svc in self.spec.services.items()]
+            if self.spec.gaie.enabled:
+                names.append((f"{self.name}-epp", False))
+            for child, multinode in sorted(names):
+                longest = (MAX_LWS_NAME if multinode else MAX_CHILD_NAME) - GENERATION_SUFFIX
+                if len(child) > longest:
+                    raise ValueError(f"{BLUE_GREEN_NAME_RULE} ({child} has {len(child)})")
         return self
 
     @model_validator(mode="after")
@@ -270,6 +315,18 @@ class InferaDeployment(BaseModel):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def graph_generation(self) -> str:
+        return self._generation
+
+    def at_generation(self, generation: str) -> "InferaDeployment":
+        """The same graph, rendering `generation`'s children."""
+        if generation == self._generation:
+            return self
+        copy = self.model_copy()
+        copy._generation = generation
+        return copy
 
 
 def _problem(error: ErrorDetails) -> str:

@@ -201,3 +201,22 @@ class ModelCacheSpec(ApiModel):
     def digest(self) -> str:
         """Names the download and the directory it writes: a new source or revision, a new one."""
         return hashlib.sha256(f"{self.repo}@{self.revision or ''}".encode()).hexdigest()[:DIGEST_LENGTH]
+
+
+# A generation's pools load their model from scratch: as long as a worker may take to load one.
+DEFAULT_PROGRESS_DEADLINE_SECONDS = 7200
+
+
+class RolloutSpec(ApiModel):
+    """How a change to what the graph's processes run reaches its pods."""
+
+    strategy: Literal["RollingUpdate", "BlueGreen"] = "RollingUpdate"
+    """RollingUpdate: each pool replaces its pods one at a time, old and new side by side behind
+    the same routers (safe when old and new workers can serve together: a mixed pool whose change
+    keeps the model and tokenizer). BlueGreen: the change starts a new generation of every pool,
+    router and Endpoint Picker beside the serving one, with routers that see only their own
+    generation's workers; the front door moves once every new pool is ready, then the old
+    generation is removed. It needs room for both generations at once."""
+    progress_deadline_seconds: Annotated[int, Field(ge=1, le=86400)] = DEFAULT_PROGRESS_DEADLINE_SECONDS
+    """Under BlueGreen: seconds the new generation may take to become ready before status says
+    the rollout stalled (the serving generation keeps serving either way)."""

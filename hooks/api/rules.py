@@ -147,12 +147,32 @@ NATS_NAME_RULE = (
 )
 
 
+# Under BlueGreen a generation's workloads, Endpoint Picker and InferencePool are named
+# <name>-<generation>: the generation's digest takes this many more characters.
+GENERATION_SUFFIX = len("-") + DIGEST_LENGTH
+BLUE_GREEN_NAME_RULE = (
+    f"<metadata.name>-<service> must be at most {MAX_CHILD_NAME - GENERATION_SUFFIX} characters "
+    f"({MAX_LWS_NAME - GENERATION_SUFFIX} for a multi-node service, and <metadata.name>-epp as much with "
+    "gaie.enabled) while rollout.strategy is BlueGreen: each generation's children are named "
+    "<metadata.name>-<service>-<generation>; shorten the InferaDeployment or the service name"
+)
+BLUE_GREEN_DISCOVERY_RULE = (
+    "rollout.strategy BlueGreen keeps generations apart by the label selector routers find workers with: "
+    "it needs discoveryBackend kubernetes"
+)
+BLUE_GREEN_FRONT_DOOR_RULE = (
+    "rollout.strategy BlueGreen moves the graph's front door from one generation to the next: it needs a "
+    "server service or gaie.enabled"
+)
+
+
 def cel(rule: str, message: str) -> dict[str, str]:
     return {"rule": rule, "message": message}
 
 
 # Rules on the whole object: only there can CEL see metadata.name next to the spec.
 GAIE_ON = "has(self.spec.gaie) && has(self.spec.gaie.enabled) && self.spec.gaie.enabled"
+BLUE_GREEN = "has(self.spec.rollout) && has(self.spec.rollout.strategy) && self.spec.rollout.strategy == 'BlueGreen'"
 ROOT_VALIDATIONS = [
     # metadata.name is at most 253 characters, which bounds this rule's cost.
     cel(f"self.metadata.name.matches('{DNS_LABEL.pattern}')", PARENT_NAME_RULE),
@@ -170,6 +190,13 @@ ROOT_VALIDATIONS = [
     cel(f"!({GAIE_ON}) || size(self.metadata.name) + {len('-epp')} <= {MAX_CHILD_NAME}", GAIE_NAME_RULE),
     cel(f"!has(self.spec.modelCache) || size(self.metadata.name) <= {MAX_MODEL_CACHE_NAME}", MODEL_CACHE_NAME_RULE),
     cel(f"!has(self.spec.modelCache) || !('{MODELS_SUFFIX}' in self.spec.services)", MODELS_NAME_RULE),
+    cel(
+        f"!({BLUE_GREEN}) || (self.spec.services.all(s, size(self.metadata.name) + 1 + size(s) + "
+        f"{GENERATION_SUFFIX} <= ((has(self.spec.services[s].numberOfNodes) && "
+        f"self.spec.services[s].numberOfNodes > 1) ? {MAX_LWS_NAME} : {MAX_CHILD_NAME})) && "
+        f"(!({GAIE_ON}) || size(self.metadata.name) + {len('-epp') + GENERATION_SUFFIX} <= {MAX_CHILD_NAME}))",
+        BLUE_GREEN_NAME_RULE,
+    ),
 ]
 
 

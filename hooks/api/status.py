@@ -88,6 +88,38 @@ class ModelCacheStatus(ApiModel):
     """What the download is doing, or why it failed."""
 
 
+RolloutPhase = Literal["Stable", "Progressing", "Stalled", "Switching", "Draining"]
+
+
+class PoolProgress(ApiModel):
+    """One service of the incoming generation, as its workload reports it."""
+
+    replicas: int
+    """Replicas its workload is asked for (pods, or groups for a LeaderWorkerSet)."""
+    ready_replicas: int
+    """Replicas ready on its current template."""
+
+
+class RolloutStatus(ApiModel):
+    """Where a change to what the processes run stands; set under BlueGreen (and while a graph
+    leaves it)."""
+
+    strategy: str
+    """spec.rollout.strategy."""
+    phase: RolloutPhase
+    """Stable (one generation), Progressing (a new generation starts beside the serving one),
+    Stalled (it is not ready within progressDeadlineSeconds; the old one keeps serving),
+    Switching (the front door moves to it) or Draining (the old generation is being removed)."""
+    serving_generation: str
+    """The generation the front door selects ("" for pods made under RollingUpdate)."""
+    incoming_generation: str | None = None
+    """The spec's generation while it is not yet serving."""
+    pools: dict[str, PoolProgress] | None = None
+    """The incoming generation's services, while it is not yet serving."""
+    message: str
+    """What the rollout waits on."""
+
+
 class InferaDeploymentStatus(ApiModel):
     """The observed state of the graph, written by the hook on every sync."""
 
@@ -107,3 +139,5 @@ class InferaDeploymentStatus(ApiModel):
     """Inference Gateway status when spec.gaie.enabled."""
     model_cache: ModelCacheStatus | None = None
     """The model cache's download when spec.modelCache is set."""
+    rollout: RolloutStatus | None = None
+    """The rollout under BlueGreen."""

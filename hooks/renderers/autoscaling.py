@@ -11,7 +11,7 @@ from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import DisruptionBudgetSpec, ServiceSpec
 from hooks.quantity import canonical_quantity
-from hooks.vocabulary import BY_KIND, child_name, object_metadata, selector_labels, workload_kind
+from hooks.vocabulary import BY_KIND, generation_name, object_metadata, selector_labels, workload_kind
 
 # A new worker takes minutes to load its model. Scaling up is Kubernetes' own default (at once,
 # up to double or four pods every 15 s). Scaling down waits for ten quiet minutes and sheds one
@@ -68,7 +68,8 @@ def _canonical_metric(metric: dict[str, Any], where: str) -> dict[str, Any]:
 def horizontal_pod_autoscaler(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict[str, Any]:
     """Scales the service's workload through its /scale subresource: a Deployment's pods, or a
     LeaderWorkerSet's groups. It targets the kind the pool renders as, so a switch between one
-    and several nodes moves it along."""
+    and several nodes moves it along; under BlueGreen, `idep` is at the serving generation, whose
+    workload it scales."""
     assert svc.autoscaling is not None
     scaling = svc.autoscaling
     kind = workload_kind(svc)
@@ -81,7 +82,7 @@ def horizontal_pod_autoscaler(idep: InferaDeployment, service: str, svc: Service
             "scaleTargetRef": {
                 "apiVersion": BY_KIND[kind].api_version,
                 "kind": kind,
-                "name": child_name(idep, service),
+                "name": generation_name(idep, service),
             },
             "minReplicas": scaling.min_replicas,
             "maxReplicas": scaling.max_replicas,

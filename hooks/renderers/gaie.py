@@ -8,13 +8,16 @@ from hooks import runtime
 from hooks.api.graph import InferaDeployment
 from hooks.renderers import discovery, probes, security
 from hooks.renderers.env import operator_env
+from hooks.renderers.patches import target_name
 from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
 from hooks.vocabulary import (
     BY_KIND,
     DEPLOYMENT_LABEL,
     EPP_SUFFIX,
     GAIE_FRONTEND_LABEL,
-    child_name,
+    generation_labels,
+    generation_metadata,
+    generation_name,
     identity_labels,
     object_metadata,
     pool_name,
@@ -80,11 +83,14 @@ def epp_deployment(idep: InferaDeployment) -> dict:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_metadata(idep, EPP_SUFFIX),
+        "metadata": generation_metadata(idep, EPP_SUFFIX),
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": selector_labels(idep, EPP_SUFFIX)},
-            "template": {"metadata": {"labels": identity_labels(idep, EPP_SUFFIX)}, "spec": spec},
+            "selector": {"matchLabels": selector_labels(idep, EPP_SUFFIX) | generation_labels(idep)},
+            "template": {
+                "metadata": {"labels": identity_labels(idep, EPP_SUFFIX) | generation_labels(idep)},
+                "spec": spec,
+            },
         },
     }
 
@@ -93,10 +99,10 @@ def epp_service(idep: InferaDeployment) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": object_metadata(idep, EPP_SUFFIX),
+        "metadata": generation_metadata(idep, EPP_SUFFIX),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(idep, EPP_SUFFIX),
+            "selector": selector_labels(idep, EPP_SUFFIX) | generation_labels(idep),
             # No appProtocol: the picker serves gRPC over TLS (a self-signed certificate, its
             # default), which Inference Gateways dial with verification off; h2c would be a lie.
             "ports": [
@@ -110,14 +116,17 @@ def inference_pool(idep: InferaDeployment) -> dict:
     return {
         "apiVersion": BY_KIND["InferencePool"].api_version,
         "kind": "InferencePool",
-        "metadata": object_metadata(idep, EPP_SUFFIX, pool_name(idep)),
+        "metadata": generation_metadata(idep, EPP_SUFFIX) | {"name": pool_name(idep)},
         "spec": {
-            # Exactly the worker pods that carry the frontend sidecar: never the EPP or a server.
-            "selector": {"matchLabels": {DEPLOYMENT_LABEL: idep.name, GAIE_FRONTEND_LABEL: "true"}},
+            # Exactly the worker pods that carry the frontend sidecar (of the pool's generation):
+            # never the EPP or a server.
+            "selector": {
+                "matchLabels": {DEPLOYMENT_LABEL: idep.name, GAIE_FRONTEND_LABEL: "true"} | generation_labels(idep)
+            },
             "targetPorts": [{"number": idep.spec.gaie.frontend_port}],
             "endpointPickerRef": {
                 "kind": "Service",
-                "name": child_name(idep, EPP_SUFFIX),
+                "name": generation_name(idep, EPP_SUFFIX),
                 "port": {"number": EPP_GRPC_PORT},
             },
         },
@@ -125,6 +134,7 @@ def inference_pool(idep: InferaDeployment) -> dict:
 
 
 def http_route(idep: InferaDeployment) -> dict:
+    """`idep` at the serving generation: under BlueGreen the route is the front door that moves."""
     gaie = idep.spec.gaie
     spec: dict = {
         "parentRefs": [
@@ -161,17 +171,19 @@ def http_route(idep: InferaDeployment) -> dict:
     }
 
 
-def render(idep: InferaDeployment) -> list[dict]:
+def render(idep: InferaDeployment, front: InferaDeployment | None = None) -> list[dict]:
+    """The gateway objects of `idep`'s generation, and the route to `front`'s (the serving one,
+    by default `idep`'s)."""
     if not idep.spec.gaie.enabled:
         return []
-    return [epp_deployment(idep), epp_service(idep), inference_pool(idep), http_route(idep)]
+    return [epp_deployment(idep), epp_service(idep), inference_pool(idep), http_route(front or idep)]
 
 
 def without_gateway(idep: InferaDeployment, gateway: list[dict]) -> InferaDeployment:
     """The same graph with GAIE off (and without patches aimed at its objects, `gateway`): what to
     run while the cluster's CompositeController cannot create the gateway objects."""
     # By kind and name: a worker service called `pool` renders a Deployment named like the pool.
-    gateway_children = {(child["kind"], child["metadata"]["name"]) for child in gateway}
+    gateway_children = {(child["kind"], target_name(child)) for child in gateway}
     patches = [p for p in idep.spec.patches or [] if (p.target.kind, p.target.name) not in gateway_children] or None
     spec = idep.spec.model_copy(
         update={"gaie": idep.spec.gaie.model_copy(update={"enabled": False}), "patches": patches}

@@ -17,7 +17,7 @@ from hooks.api.fields import SpecError, nesting
 from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, field_at
 from hooks.encoding import Path
 from hooks.limits import MAX_NESTING, RenderedSize, json_size
-from hooks.vocabulary import DEPLOYMENT_LABEL, SERVICE_LABEL
+from hooks.vocabulary import DEPLOYMENT_LABEL, GENERATION_LABEL, SERVICE_LABEL
 
 # A field a patch may not change, and who sets it (for the message).
 Owned = tuple[Path, str]
@@ -57,7 +57,8 @@ def owned_fields(child: dict[str, Any]) -> Iterable[Owned]:
 
 
 def _identity(child: dict) -> tuple:
-    """What Metacontroller and this hook recognise a child by: kind, name and identity labels."""
+    """What Metacontroller and this hook recognise a child by: kind, name and identity labels
+    (its generation's too)."""
     metadata = child.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
     labels = metadata.get("labels")
@@ -68,6 +69,7 @@ def _identity(child: dict) -> tuple:
         metadata.get("name"),
         labels.get(DEPLOYMENT_LABEL),
         labels.get(SERVICE_LABEL),
+        labels.get(GENERATION_LABEL),
     )
 
 
@@ -95,6 +97,14 @@ def _placed(child: dict, step: dict[str, Any]) -> Any:
     return step.get("value")
 
 
+def target_name(child: dict) -> str:
+    """The name a patch aims at a child by: a generation's child (under BlueGreen) by its name
+    without the generation, so that one patch applies to every generation."""
+    metadata = child["metadata"]
+    generation = (metadata.get("labels") or {}).get(GENERATION_LABEL)
+    return metadata["name"].removesuffix(f"-{generation}") if generation else metadata["name"]
+
+
 def apply_patches(
     patches: list,
     children: list[dict],
@@ -116,12 +126,12 @@ def apply_patches(
             (
                 i
                 for i, child in enumerate(children)
-                if child["kind"] == patch.target.kind and child["metadata"]["name"] == patch.target.name
+                if child["kind"] == patch.target.kind and target_name(child) == patch.target.name
             ),
             None,
         )
         if position is None:
-            listed = ", ".join(f"{c['kind']} {c['metadata']['name']}" for c in children)
+            listed = ", ".join(f"{c['kind']} {target_name(c)}" for c in children)
             raise SpecError(f"{where}: no such child is rendered; the children are: {listed}")
         if position not in copied:
             children[position] = copy.deepcopy(children[position])
@@ -156,7 +166,7 @@ def apply_patches(
 
 def targeting(patches: list, child: dict) -> str:
     """The patches aimed at `child`, as a spec path: `patches[0], patches[3]`."""
-    key = (child["kind"], child["metadata"]["name"])
+    key = (child["kind"], target_name(child))
     return ", ".join(
         f"patches[{index}]" for index, patch in enumerate(patches) if (patch.target.kind, patch.target.name) == key
     )

@@ -9,7 +9,7 @@ from hooks.quantity import canonical_quantity
 from hooks.renderers import discovery, model_cache, overlay, probes, security
 from hooks.renderers.env import service_env
 from hooks.renderers.gaie import ROUTER_REQUESTS, frontend_sidecar
-from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, identity_labels
+from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, GENERATION_LABEL, generation_labels, identity_labels
 
 # As the upstream operator names them: scripts run `kubectl logs -c infera`.
 PRIMARY_CONTAINER = "infera"
@@ -43,9 +43,10 @@ def pod_metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict
     """infera* labels/annotations of the parent, then the service's own, then identity."""
     labels = {k: v for k, v in idep.metadata.labels.items() if k.startswith("infera")}
     labels |= svc.pod_labels or {}
-    # Only the operator decides which pods the InferencePool selects.
+    # Only the operator decides which pods the InferencePool and the routers select.
     labels.pop(GAIE_FRONTEND_LABEL, None)
-    labels |= identity_labels(idep, service)
+    labels.pop(GENERATION_LABEL, None)
+    labels |= identity_labels(idep, service) | generation_labels(idep)
     labels[COMPONENT_LABEL] = svc.component_type
     annotations = {k: v for k, v in idep.metadata.annotations.items() if k.startswith("infera")}
     annotations |= svc.pod_annotations or {}

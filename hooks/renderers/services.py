@@ -3,10 +3,11 @@
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
 from hooks.renderers.pods import PORT_NAME
-from hooks.vocabulary import object_metadata, selector_labels
+from hooks.vocabulary import generation_labels, object_metadata, selector_labels
 
 
 def server_service(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    """`idep` at the serving generation: under BlueGreen the Service is the front door that moves."""
     port = svc.effective_port
     return {
         "apiVersion": "v1",
@@ -14,7 +15,7 @@ def server_service(idep: InferaDeployment, service: str, svc: ServiceSpec) -> di
         "metadata": object_metadata(idep, service),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(idep, service),
+            "selector": selector_labels(idep, service) | generation_labels(idep),
             # By number: an extraPodSpec may name the container port differently.
             "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
         },

@@ -3,13 +3,14 @@
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
 from hooks.renderers.pods import pod_template
-from hooks.vocabulary import BY_KIND, object_metadata, selector_labels
+from hooks.vocabulary import BY_KIND, generation_labels, generation_metadata, selector_labels
 
 
 def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int, model_dir: str | None) -> dict:
     spec: dict = {
         "replicas": replicas,
-        "selector": {"matchLabels": selector_labels(idep, service)},
+        # A generation's own pods only: two generations' Deployments must never share a pod.
+        "selector": {"matchLabels": selector_labels(idep, service) | generation_labels(idep)},
         "template": pod_template(idep, service, svc, model_dir=model_dir),
     }
     if svc.is_worker:
@@ -19,7 +20,7 @@ def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_metadata(idep, service),
+        "metadata": generation_metadata(idep, service),
         "spec": spec,
     }
 
@@ -31,7 +32,7 @@ def leader_worker_set(
     return {
         "apiVersion": BY_KIND["LeaderWorkerSet"].api_version,
         "kind": "LeaderWorkerSet",
-        "metadata": object_metadata(idep, service),
+        "metadata": generation_metadata(idep, service),
         "spec": {
             "replicas": replicas,
             # Workers start with the leader: with LeaderReady the leader could never turn ready,

@@ -184,6 +184,7 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
         "NAME": name,
         "BACKEND": idep["spec"].get("backendFramework", "sglang"),
         "STATE": "ready",
+        "ROLLOUT": "",  # under RollingUpdate there is no status.rollout
     }
     services = len(idep["spec"]["services"])
     assert columns(cluster, namespace, name, "wide")["READY"] == f"{services}/{services}"

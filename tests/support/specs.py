@@ -102,7 +102,17 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=8,
 )
-SPEC_FIELDS = ["backendFramework", "image", "discoveryBackend", "etcdEndpoint", "nats", "gaie", "envs", "patches"]
+SPEC_FIELDS = [
+    "backendFramework",
+    "image",
+    "discoveryBackend",
+    "etcdEndpoint",
+    "nats",
+    "gaie",
+    "envs",
+    "patches",
+    "rollout",
+]
 SERVICE_FIELDS = [
     "componentType",
     "role",

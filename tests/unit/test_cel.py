@@ -46,7 +46,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 38
+    assert len(rules) == 41
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -81,6 +81,18 @@ def add_service(name: str, component: str = "worker", **fields: Any) -> Callable
 
 def only_servers(obj: dict) -> None:
     obj["spec"]["services"] = {"server": obj["spec"]["services"]["server"]}
+
+
+def only_workers(obj: dict) -> None:
+    del obj["spec"]["services"]["server"]
+
+
+def blue_green_with(change: Callable[[dict], None]) -> Callable[[dict], None]:
+    def changed(obj: dict) -> None:
+        change(obj)
+        obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+
+    return changed
 
 
 CACHE = {"source": "hf://Qwen/Qwen3-0.6B", "size": "20Gi"}
@@ -128,6 +140,23 @@ CASES = [
     ("no image anywhere", lambda obj: obj["spec"].pop("image"), rules.IMAGE_RULE),
     ("nats name over 52", rename("n" * 48), rules.NATS_NAME_RULE),
     ("vLLM prefill without a kv role", vllm_prefill_without_args, rules.VLLM_ROLE_RULE),
+    ("blue/green name over 54", blue_green_with(add_service("w" * 47)), rules.BLUE_GREEN_NAME_RULE),
+    (
+        "blue/green multi-node name over 38",
+        blue_green_with(add_service("m" * 32, numberOfNodes=2)),
+        rules.BLUE_GREEN_NAME_RULE,
+    ),
+    (
+        "blue/green picker name over 54",
+        blue_green_with(lambda obj: (gaie_with_long_name(obj), rename("g" * 51)(obj))),
+        rules.BLUE_GREEN_NAME_RULE,
+    ),
+    ("blue/green without a front door", blue_green_with(only_workers), rules.BLUE_GREEN_FRONT_DOOR_RULE),
+    (
+        "blue/green over etcd",
+        blue_green_with(spec_change(discoveryBackend="etcd", etcdEndpoint="etcd:2379")),
+        rules.BLUE_GREEN_DISCOVERY_RULE,
+    ),
     (
         "env with value and valueFrom",
         spec_change(envs=[{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),

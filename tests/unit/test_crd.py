@@ -56,9 +56,12 @@ def test_crd_names_and_columns(crd: dict[str, Any]) -> None:
     assert [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c] == [
         "Backend",
         "State",
+        "Rollout",
         "Age",
     ]
     assert columns["Ready"]["priority"] == 1 and columns["Ready"]["jsonPath"] == ".status.readyServices"
+    assert columns["Rollout"]["jsonPath"] == ".status.rollout.phase"
+    assert columns["Serving"]["jsonPath"] == ".status.rollout.servingGeneration"
 
 
 def _walk(node: Any, path: str = ""):

@@ -1,0 +1,94 @@
+"""What a generation is made of, and how a server Service's selector may change."""
+
+import copy
+import json
+from typing import Any
+
+from hooks import generations
+from hooks.api.graph import InferaDeployment
+from hooks.contract import LAST_APPLIED_ANNOTATION
+from hooks.immutable import encoded, keep_immutable_fields
+from hooks.reconcile import render_children
+from tests.support.requests import PD, parent
+
+
+def rendered(change: Any = None) -> list[dict[str, Any]]:
+    obj = parent(PD)
+    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    if change:
+        change(obj["spec"])
+    return render_children(InferaDeployment.from_parent(obj))
+
+
+BASE = generations.digest(rendered())
+
+
+def test_replicas_pod_metadata_and_autoscaling_bounds_are_not_part_of_a_generation() -> None:
+    def scaled(spec: dict[str, Any]) -> None:
+        spec["services"]["decode"].update(replicas=4, podLabels={"team": "a"}, podAnnotations={"note": "b"})
+        spec["services"]["prefill"]["disruptionBudget"] = {"maxUnavailable": 2}
+
+    assert generations.digest(rendered(scaled)) == BASE
+
+
+def test_what_a_process_runs_is_part_of_a_generation() -> None:
+    changes = [
+        lambda spec: spec.update(image="rocm/infera:other"),
+        lambda spec: spec["services"]["decode"]["args"].append("--enable-metrics"),
+        lambda spec: spec["services"]["server"]["args"].extend(["--router-policy", "round-robin"]),
+        lambda spec: spec.update(envs=[{"name": "A", "value": "1"}]),
+        lambda spec: spec["services"]["decode"].update(resources={"gpu": 2, "memory": "64Gi"}),
+    ]
+    digests = [generations.digest(rendered(change)) for change in changes]
+    assert BASE not in digests and len(set(digests)) == len(changes)
+
+
+def test_a_generation_is_eight_hex_digits_and_every_rendered_pod_carries_it() -> None:
+    assert len(BASE) == 8 and int(BASE, 16) >= 0
+    obj = parent(PD)
+    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    children = render_children(InferaDeployment.from_parent(obj).at_generation(BASE))
+    workloads = [c for c in children if c["kind"] == "Deployment" and not c["metadata"]["name"].endswith("nats")]
+    assert sorted(c["metadata"]["name"] for c in workloads) == [
+        f"qwen-pd-{s}-{BASE}" for s in ("decode", "prefill", "server")
+    ]
+    for child in workloads:
+        assert child["spec"]["template"]["metadata"]["labels"]["infera.amd.com/generation"] == BASE
+        assert child["spec"]["selector"]["matchLabels"]["infera.amd.com/generation"] == BASE
+    server = next(c for c in workloads if c["metadata"]["name"].startswith("qwen-pd-server"))
+    command = server["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--k8s-label-selector") + 1] == (
+        f"infera.amd.com/deployment=qwen-pd,infera.amd.com/generation={BASE}"
+    )
+
+
+def service(selector: dict[str, str], applied: dict[str, str] | None) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "s"},
+        "spec": {"selector": selector},
+    }
+    if applied is not None:
+        record = copy.deepcopy(obj)
+        record["spec"]["selector"] = applied
+        obj["metadata"]["annotations"] = {LAST_APPLIED_ANNOTATION: json.dumps(record)}
+    return obj
+
+
+def test_a_service_selector_the_hook_applied_changes_in_place() -> None:
+    stored = service({"a": "1", "g": "x"}, applied={"a": "1", "g": "x"})
+    desired = service({"a": "1", "g": "y"}, applied=None)
+    answer, notices = keep_immutable_fields([encoded(desired)], {("Service", "s"): stored})
+    assert [child.name for child in answer] == ["s"] and notices == []
+    dropped = service({"a": "1"}, applied=None)  # back to RollingUpdate: the merge removes g
+    answer, notices = keep_immutable_fields([encoded(dropped)], {("Service", "s"): stored})
+    assert [child.name for child in answer] == ["s"] and notices == []
+
+
+def test_a_service_selector_with_a_key_the_hook_never_applied_is_replaced() -> None:
+    for stored in (service({"a": "1", "other": "z"}, applied={"a": "1"}), service({"a": "1", "other": "z"}, None)):
+        answer, notices = keep_immutable_fields(
+            [encoded(service({"a": "1", "g": "y"}, None))], {("Service", "s"): stored}
+        )
+        assert answer == [] and len(notices) == 1 and "is being replaced" in notices[0]
