@@ -20,7 +20,7 @@ import pytest
 
 from hooks.vocabulary import GENERATION_LABEL
 from tests.cluster.test_graphs import columns, driver_writes, eventually, get
-from tests.support.cluster import NODE_NAMES, Cluster
+from tests.support.cluster import NODE_NAMES, Cluster, graph_namespace
 from tests.support.localcluster import METACONTROLLER_USER, Installed, installed_bundle
 from tests.support.prerequisites import REPO, need_schemas
 from tests.support.requests import load_yaml
@@ -41,16 +41,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 @pytest.fixture
 def namespace(installed: Installed, request: pytest.FixtureRequest) -> Iterator[str]:
-    """The test's own namespace, emptied as test_graphs.py's example_namespace empties one: the
-    graph first, through the finalize hook, then the namespace."""
-    cluster, namespace = installed.cluster, str(request.param)
-    created = cluster.kubectl("create", "namespace", namespace)
-    assert created.returncode == 0, created.stderr
-    yield namespace
-    graphs = cluster.kubectl("delete", "-n", namespace, "idep", "--all", "--timeout=150s", timeout=180)
-    assert graphs.returncode == 0, (graphs.stderr, cluster.unready_pods(namespace))
-    emptied = cluster.kubectl("delete", "namespace", namespace, "--timeout=150s", timeout=180)
-    assert emptied.returncode == 0, (emptied.stderr, cluster.unready_pods(namespace))
+    """The test's own namespace, emptied as test_graphs.py's example_namespace empties one."""
+    with graph_namespace(installed.cluster, str(request.param)) as namespace:
+        yield namespace
 
 
 def deployments_of(generation: str) -> set[str]:

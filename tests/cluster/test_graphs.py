@@ -27,7 +27,7 @@ import yaml
 from hooks.api.status import State
 from hooks.vocabulary import CHILD_KINDS
 from tests.support import kubelet
-from tests.support.cluster import NODE_NAMES, Cluster
+from tests.support.cluster import NODE_NAMES, Cluster, graph_namespace
 from tests.support.composite_driver import LAST_APPLIED, RESOURCES
 from tests.support.e2e import sandbox
 from tests.support.e2e.graphs import mixed
@@ -141,20 +141,10 @@ def columns(cluster: Cluster, namespace: str, name: str, output: str = "") -> di
 
 @pytest.fixture
 def example_namespace(installed: Installed, example: Path) -> Iterator[str]:
-    """The example's own namespace, emptied once the test is done: examples leave the nodes as
-    they found them, since pd-1p1d-mooncake pins its pools to two named nodes that an earlier
-    example's 8-GPU pods would otherwise fill. The graph goes first, through the finalize hook;
-    a namespace deleted under it would have the syncs meanwhile recreate what the namespace
-    controller removed, and the API server refuse them."""
-    cluster = installed.cluster
-    namespace = example.stem
-    created = cluster.kubectl("create", "namespace", namespace)
-    assert created.returncode == 0, created.stderr
-    yield namespace
-    graphs = cluster.kubectl("delete", "-n", namespace, "idep", "--all", "--timeout=150s", timeout=180)
-    assert graphs.returncode == 0, (graphs.stderr, cluster.unready_pods(namespace))
-    emptied = cluster.kubectl("delete", "namespace", namespace, "--timeout=150s", timeout=180)
-    assert emptied.returncode == 0, (emptied.stderr, cluster.unready_pods(namespace))
+    """The example's own namespace, emptied once the test is done: pd-1p1d-mooncake pins its
+    pools to two named nodes that an earlier example's 8-GPU pods would otherwise fill."""
+    with graph_namespace(installed.cluster, example.stem) as namespace:
+        yield namespace
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

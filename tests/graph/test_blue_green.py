@@ -130,13 +130,8 @@ def checked_sync(mc: Metacontroller, handover: bool = False) -> list[tuple[str, 
 
 
 def serving(mc: Metacontroller) -> Metacontroller:
-    """Converged with every pool ready: the graph serves."""
-    for _ in range(2):
-        mc.converge()
-        mc.mark_ready()
-        mc.gateway_accepts()
-        mc.converge()
-    assert mc.parent["status"]["state"] == "ready"
+    """Converged with every pool ready: the graph serves one generation."""
+    mc.serve()
     assert mc.parent["status"].get("rollout", {"phase": "Stable"})["phase"] == "Stable"
     return mc
 

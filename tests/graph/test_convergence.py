@@ -17,15 +17,7 @@ def workload_kind(service: dict) -> str:
 
 
 def converged(hooks, path: Path) -> Metacontroller:
-    mc = Metacontroller(hooks, path)
-    # Twice: workers that wait for a model download are created once it completes.
-    for _ in range(2):
-        mc.converge()
-        mc.mark_ready()
-        mc.gateway_accepts()
-        mc.converge()
-    assert mc.parent["status"]["state"] == "ready"
-    return mc
+    return Metacontroller(hooks, path).serve()
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)

@@ -156,6 +156,21 @@ class Cluster:
         return [event for event in events if event["stage"] == "ResponseComplete"]
 
 
+@contextmanager
+def graph_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """A namespace of its own for a test's graphs, emptied when it is done: the graphs first,
+    through the finalize hook (a namespace deleted under them would have the syncs meanwhile
+    recreate what the namespace controller removed, and the API server refuse them), then the
+    namespace, so the nodes are left as they were found."""
+    created = cluster.kubectl("create", "namespace", namespace)
+    assert created.returncode == 0, created.stderr
+    yield namespace
+    graphs = cluster.kubectl("delete", "-n", namespace, "idep", "--all", "--timeout=150s", timeout=180)
+    assert graphs.returncode == 0, (graphs.stderr, cluster.unready_pods(namespace))
+    emptied = cluster.kubectl("delete", "namespace", namespace, "--timeout=150s", timeout=180)
+    assert emptied.returncode == 0, (emptied.stderr, cluster.unready_pods(namespace))
+
+
 def kwok_node(name: str) -> dict[str, Any]:
     """A node kwok keeps Ready, running its pods without containers."""
     return {

@@ -203,6 +203,17 @@ class Metacontroller:
                 return rounds
         raise AssertionError(f"no convergence after {max_rounds} syncs: last writes {self.writes[-10:]}")
 
+    def serve(self) -> "Metacontroller":
+        """Converged with every pool ready and the gateway accepting: twice, since workers that
+        wait for a model download are created once it completes."""
+        for _ in range(2):
+            self.converge()
+            self.mark_ready()
+            self.gateway_accepts()
+            self.converge()
+        assert self.parent["status"]["state"] == "ready"
+        return self
+
     def edit(self, change: Callable[[dict[str, Any]], None]) -> None:
         """A user edit of the spec: bumps metadata.generation like the API server."""
         change(self.parent["spec"])
