@@ -49,20 +49,24 @@ def request(
                 raise
 
 
-def chat(cluster: Cluster, prompt: str = PROMPT, **extra: Any) -> dict[str, Any]:
+def chat(cluster: Cluster, prompt: str = PROMPT, url: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A chat completion through the server's Service (or `url`), answered 200."""
     status, body = request(
-        f"{cluster.url('server')}/v1/chat/completions",
+        f"{url or cluster.url('server')}/v1/chat/completions",
         {"model": MODEL, "messages": [{"role": "user", "content": prompt}], **extra},
     )
     assert status == 200, (status, body)
     return body
 
 
-def stream_chat(cluster: Cluster, prompt: str = PROMPT, timeout: float = 60, **extra: Any) -> tuple[list[str], bool]:
-    """The content deltas of a streamed chat completion, and whether it ended with [DONE]."""
+def stream_chat(
+    cluster: Cluster, prompt: str = PROMPT, timeout: float = 60, url: str | None = None, **extra: Any
+) -> tuple[list[str], bool]:
+    """The content deltas of a streamed chat completion through the server's Service (or
+    `url`), and whether it ended with [DONE]."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True, **extra}
     req = urllib.request.Request(
-        f"{cluster.url('server')}/v1/chat/completions",
+        f"{url or cluster.url('server')}/v1/chat/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )

@@ -12,6 +12,8 @@
 
 Each token takes STANDIN_TOKEN_DELAY seconds (default 0.01), and so does a prefill, so a test can
 hold a request in flight. --disable-radix-cache turns caching (and KV events) off.
+STANDIN_VERSION, when set, names the engine's build: every request's record carries it and
+every reply's identity says it (`version=...`), so a test can tell two rollouts' engines apart.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Engine:
         self.group: Group | None = None  # set once a multi-node group formed
         self.rooms = PrefillRooms()
         self.token_delay = float(os.environ.get("STANDIN_TOKEN_DELAY", DEFAULT_TOKEN_DELAY_S))
+        self.version = os.environ.get("STANDIN_VERSION") or None
         self.served_model_name = server_args.served_model_name or server_args.model_path
         self.kv_pool_tokens = int(server_args.max_total_tokens or DEFAULT_KV_POOL_TOKENS)
         self._round_robin = itertools.cycle(range(len(caches)))
@@ -96,7 +99,8 @@ class Engine:
         model's would, and only this text, which is no token the model generated, differs."""
         room = f" room={record.bootstrap_room}" if record.bootstrap_room is not None else ""
         rank = f" dp={record.dp_rank}" if len(self.caches) > 1 else ""
-        return f"[{record.role} pod={self.pod} port={record.port}{room}{rank}]"
+        version = f" version={record.version}" if record.version is not None else ""
+        return f"[{record.role} pod={self.pod} port={record.port}{room}{rank}{version}]"
 
     async def generate(self, job: Job) -> AsyncIterator[list[Step]]:
         """The request's tokens, one list (a token per choice) at a time. Opens the request's

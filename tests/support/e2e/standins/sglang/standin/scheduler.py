@@ -59,6 +59,7 @@ class RequestRecord:
     dp_rank: int
     request_id: str | None
     client: str | None  # the address the request came from: the router (HTTP) or the wrapper (NATS)
+    version: str | None = None  # the engine's STANDIN_VERSION
     started: float = field(default_factory=time.time)
     finished: float | None = None
     outcome: str = "running"  # running | ok | aborted | error

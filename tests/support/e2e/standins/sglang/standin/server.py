@@ -146,6 +146,7 @@ class Completions:
             dp_rank=engine.pick_rank(request.headers.get("x-data-parallel-rank"), room),
             request_id=request.headers.get("x-request-id"),
             client=request.client.host if request.client else None,
+            version=engine.version,
             prompt_tokens=len(prompt_ids),
         )
         return Job(record, prompt_ids, max_new_tokens, choices, record.dp_rank)
