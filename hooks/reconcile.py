@@ -17,7 +17,7 @@ from hooks.immutable import encoded, keep_immutable_fields
 from hooks.limits import RenderedSize
 from hooks.memo import RenderMemo, RolledUp
 from hooks.observed import Observed, live_replicas, model_download, service_of, services_changing
-from hooks.renderers import autoscaling, discovery, gaie, model_cache, nats, network, patches
+from hooks.renderers import autoscaling, discovery, gaie, model_cache, monitoring, nats, network, patches
 from hooks.renderers.pods import pod_template
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
@@ -114,8 +114,12 @@ def _rendered(
     # rather than holding up the broker (defaults_left_out says so).
     policies = [child for child in network.plumbing(idep) if network.asked_for(idep) or allows(child)]
     plumbing = discovery.render(idep, _serves_scaling_api(idep)) + nats.render(idep) + policies
-    for child in plumbing + cache_children + gateway:
+    for child in plumbing + cache_children + gateway + monitoring.render(idep):
         add(child)
+    # As a pool's budget: left out where the controller cannot create it (defaults_left_out).
+    for child in gaie.epp_disruption_budget(idep) if gateway else []:
+        if allows(child):
+            add(child)
     waiting = _waiting_for_model(idep, inputs)
     for service, svc in sorted(idep.spec.services.items()):
         model_dir = _model_dir(idep, inputs, service, waiting)
@@ -346,6 +350,8 @@ def defaults_left_out(idep: InferaDeployment, request: HookRequest) -> list[str]
         for service, svc in sorted(idep.spec.services.items())
         if svc.disruption_budget is None and autoscaling.budget_max_unavailable(svc) is not None
     ]
+    if gaie.epp_disruption_budget(idep):
+        services.append(vocabulary.EPP_SUFFIX)
     if services and not request.registers(budget.kind, budget.api_version):
         notices.append(
             f"no PodDisruptionBudget for {', '.join(services)}: this CompositeController does not register "

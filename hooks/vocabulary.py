@@ -40,6 +40,8 @@ NATS_SUFFIX = "nats"
 DISCOVERY_SUFFIX = "disc"
 REGISTRATION_SUFFIX = "register"
 EPP_SUFFIX = "epp"
+# The PodMonitor's.
+METRICS_SUFFIX = "metrics"
 # The model cache's claim, and the service label of its claim and download Jobs.
 MODELS_SUFFIX = "models"
 # Characters of the download Job's name taken by the source's digest.
@@ -142,5 +144,7 @@ CHILD_KINDS = (
     ChildKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "lws", "by service"),
     ChildKind("InferencePool", "inference.networking.k8s.io/v1", "inferencepools", "gaie", "ingress"),
     ChildKind("HTTPRoute", "gateway.networking.k8s.io/v1", "httproutes", "gaie", "ingress"),
+    # Deleted last: the graph stays observable while it drains.
+    ChildKind("PodMonitor", "monitoring.coreos.com/v1", "podmonitors", "monitoring", "plane"),
 )
 BY_KIND = {child.kind: child for child in CHILD_KINDS}

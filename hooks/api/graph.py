@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails
 
 from hooks.api.env import EnvVar
 from hooks.api.fields import ApiModel, ImageReference, SpecError
-from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, NatsSpec, RolloutSpec
+from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, MonitoringSpec, NatsSpec, RolloutSpec
 from hooks.api.network import NetworkPolicySpec
 from hooks.api.rules import (
     BLUE_GREEN_DISCOVERY_RULE,
@@ -173,6 +173,9 @@ class InferaDeploymentSpec(ApiModel):
     """Download the model once into a claim the workers mount; workers wait for it."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Which of the graph's pods admit only the traffic the graph needs."""
+    monitoring: MonitoringSpec | None = None
+    """Scrape the graph's processes with the Prometheus Operator (a PodMonitor); needs the
+    kustomize component metacontroller/components/monitoring."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     """How a change to what the processes run reaches the pods: in place, or a generation at a time."""
 

@@ -19,7 +19,13 @@ from hooks.api.rules import (
     cel,
     with_validations,
 )
-from hooks.kubernetes_names import DNS_LABEL, DNS_SUBDOMAIN, HOSTNAME
+from hooks.kubernetes_names import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    HOSTNAME,
+    LABEL_VALUE_PATTERN,
+    qualified_key_problem,
+)
 from hooks.quantity import quantity_value
 from hooks.vocabulary import DIGEST_LENGTH
 
@@ -27,6 +33,8 @@ from hooks.vocabulary import DIGEST_LENGTH
 DEFAULT_NATS_IMAGE = "nats:2.10.24-alpine"
 
 DEFAULT_FRONTEND_PORT = 8000
+# Every picker holds a full view of the graph's KV events: more than a handful only multiplies that.
+MAX_EPP_REPLICAS = 16
 
 
 class NatsSpec(ApiModel):
@@ -123,6 +131,10 @@ class GaieSpec(ApiModel):
     """Restrict the HTTPRoute to these hostnames."""
     frontend_port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_FRONTEND_PORT
     """Port of the frontend sidecar in every worker pod, and the InferencePool's target port."""
+    epp_replicas: Annotated[int, Field(ge=1, le=MAX_EPP_REPLICAS)] = 1
+    """Endpoint Pickers. Each replays the graph's KV events in full and picks on its own, so they
+    run active-active; with two or more they are spread across nodes and get a disruption budget,
+    so the gateway keeps a picker through a node's loss or drain."""
     model_name: str | None = None
     """Informational: the served model id (the Endpoint Picker takes no model name; workers register
     theirs, e.g. with --served-model-name). Accepted for compatibility with the upstream operator."""
@@ -220,3 +232,44 @@ class RolloutSpec(ApiModel):
     progress_deadline_seconds: Annotated[int, Field(ge=1, le=86400)] = DEFAULT_PROGRESS_DEADLINE_SECONDS
     """Under BlueGreen: seconds the new generation may take to become ready before status says
     the rollout stalled (the serving generation keeps serving either way)."""
+
+
+# Pinned, as the broker's image is: an exporter release never changes behind the user's back.
+DEFAULT_NATS_EXPORTER_IMAGE = "natsio/prometheus-nats-exporter:0.20.1"
+# A Prometheus duration, as the Prometheus Operator's CRDs accept it.
+PROMETHEUS_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+
+
+class NatsExporterSpec(ApiModel):
+    """The NATS Prometheus exporter beside the managed broker, which serves its statistics as JSON
+    only: it turns them into Prometheus series on a port of its own."""
+
+    enabled: bool = False
+    """Run the exporter as a sidecar of the broker and scrape it."""
+    image: ImageReference | None = None
+    """Exporter image. Defaults to a tag pinned by this operator release."""
+
+    @property
+    def effective_image(self) -> str:
+        return self.image or DEFAULT_NATS_EXPORTER_IMAGE
+
+
+class MonitoringSpec(ApiModel):
+    """Scraping by the Prometheus Operator: a PodMonitor for the graph's routers, engines and
+    frontend sidecars (and the broker's exporter, when enabled)."""
+
+    interval: Annotated[str, Field(min_length=1, max_length=32, pattern=PROMETHEUS_DURATION)] = "30s"
+    """How often each endpoint is scraped."""
+    labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] | None = None
+    """Labels of the PodMonitor, for the podMonitorSelector of the Prometheus that should pick it
+    up (kube-prometheus-stack selects `release: <its release>`)."""
+    nats_exporter: NatsExporterSpec = Field(default_factory=NatsExporterSpec)
+    """The broker's metrics, through the NATS Prometheus exporter."""
+
+    @field_validator("labels")
+    @classmethod
+    def _qualified_keys(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        for key in labels or {}:
+            if problem := qualified_key_problem(key):
+                raise ValueError(problem)
+        return labels

@@ -208,6 +208,11 @@ class ServiceSpec(ApiModel):
         return self.autoscaling.min_replicas if self.autoscaling else self.replicas
 
     @property
+    def most_replicas(self) -> int:
+        """The most replicas the service runs: its autoscaler's maximum, or `replicas`."""
+        return self.autoscaling.max_replicas if self.autoscaling else self.replicas
+
+    @property
     def effective_port(self) -> int:
         if self.port is not None:
             return self.port

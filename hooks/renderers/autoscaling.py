@@ -1,4 +1,5 @@
-"""Elastic, disruption-safe pools: a service's HorizontalPodAutoscaler and PodDisruptionBudget.
+"""Elastic, disruption-safe pools: a service's HorizontalPodAutoscaler and PodDisruptionBudget, and
+the spread of a front door's replicas (servers, Endpoint Pickers) across nodes.
 
 While an autoscaler owns a pool's count, the workload renderer emits the live replicas it set
 (ServiceSpec.desired_replicas): leaving `replicas` out is not an option, since Metacontroller's
@@ -102,16 +103,16 @@ def budget_max_unavailable(svc: ServiceSpec) -> int | str | None:
     return budget.max_unavailable
 
 
-def pod_disruption_budget(idep: InferaDeployment, service: str, max_unavailable: int | str) -> dict[str, Any]:
-    """Every pod of the pool, a LeaderWorkerSet's ranks included: a node drain takes at most
+def pod_disruption_budget(metadata: dict[str, Any], pods: dict[str, str], max_unavailable: int | str) -> dict[str, Any]:
+    """Every pod `pods` selects (a LeaderWorkerSet's ranks included): a node drain takes at most
     `max_unavailable` of them (one group at a time, by default) while the rest keep serving."""
     return {
         "apiVersion": BY_KIND["PodDisruptionBudget"].api_version,
         "kind": "PodDisruptionBudget",
-        "metadata": object_metadata(idep, service),
+        "metadata": metadata,
         "spec": {
             "maxUnavailable": max_unavailable,
-            "selector": {"matchLabels": selector_labels(idep, service)},
+            "selector": {"matchLabels": pods},
             # A pod that is not ready (a crash loop, or a model still loading) can always be
             # evicted: otherwise it would hold every drain of its node until it turned ready.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
@@ -122,5 +123,21 @@ def pod_disruption_budget(idep: InferaDeployment, service: str, max_unavailable:
 def render(idep: InferaDeployment, service: str, svc: ServiceSpec) -> list[dict[str, Any]]:
     children = [] if svc.autoscaling is None else [horizontal_pod_autoscaler(idep, service, svc)]
     if (max_unavailable := budget_max_unavailable(svc)) is not None:
-        children.append(pod_disruption_budget(idep, service, max_unavailable))
+        children.append(
+            pod_disruption_budget(object_metadata(idep, service), selector_labels(idep, service), max_unavailable)
+        )
     return children
+
+
+def spread_over_nodes(pods: dict[str, str]) -> list[dict[str, Any]]:
+    """The topologySpreadConstraints of a front door's replicas (`pods`): one node's loss takes
+    as few of them as the nodes allow. A preference, not a rule: where nodes are short, replicas
+    still start, side by side."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": pods},
+        }
+    ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from hooks import runtime
 from hooks.api.graph import InferaDeployment
-from hooks.renderers import discovery, probes, security
+from hooks.renderers import autoscaling, discovery, probes, security
 from hooks.renderers.env import operator_env
 from hooks.renderers.patches import target_name
 from hooks.runtime import EPP_GRPC_PORT, EPP_HEALTH_PORT, Process
@@ -57,6 +57,11 @@ def frontend_sidecar(idep: InferaDeployment) -> dict[str, Any]:
     }
 
 
+def _pickers(idep: InferaDeployment) -> dict[str, str]:
+    """The labels that select the Endpoint Pickers of the generation being rendered."""
+    return selector_labels(idep, EPP_SUFFIX) | generation_labels(idep)
+
+
 def epp_deployment(idep: InferaDeployment) -> dict:
     container = {
         "name": "epp",
@@ -80,19 +85,29 @@ def epp_deployment(idep: InferaDeployment) -> dict:
         "volumes": [security.scratch_volume()],
     }
     discovery.unmount_unused_token(idep, spec)
+    replicas = idep.spec.gaie.epp_replicas
+    if replicas > 1:
+        spec["topologySpreadConstraints"] = autoscaling.spread_over_nodes(_pickers(idep))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": generation_metadata(idep, EPP_SUFFIX),
         "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": selector_labels(idep, EPP_SUFFIX) | generation_labels(idep)},
+            "replicas": replicas,
+            "selector": {"matchLabels": _pickers(idep)},
             "template": {
                 "metadata": {"labels": identity_labels(idep, EPP_SUFFIX) | generation_labels(idep)},
                 "spec": spec,
             },
         },
     }
+
+
+def epp_disruption_budget(idep: InferaDeployment) -> list[dict]:
+    """With two or more pickers, a drain takes one at a time: the gateway always has one."""
+    if not idep.spec.gaie.enabled or idep.spec.gaie.epp_replicas < 2:
+        return []
+    return [autoscaling.pod_disruption_budget(generation_metadata(idep, EPP_SUFFIX), _pickers(idep), 1)]
 
 
 def epp_service(idep: InferaDeployment) -> dict:
@@ -102,7 +117,7 @@ def epp_service(idep: InferaDeployment) -> dict:
         "metadata": generation_metadata(idep, EPP_SUFFIX),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(idep, EPP_SUFFIX) | generation_labels(idep),
+            "selector": _pickers(idep),
             # No appProtocol: the picker serves gRPC over TLS (a self-signed certificate, its
             # default), which Inference Gateways dial with verification off; h2c would be a lie.
             "ports": [

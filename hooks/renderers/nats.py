@@ -8,6 +8,10 @@ from hooks.runtime import NATS_CLIENT_PORT, NATS_TOKEN_ENV
 from hooks.vocabulary import COMPONENT_LABEL, NATS_SUFFIX, child_name, object_metadata, selector_labels
 
 MONITOR_PORT = 8222
+# The NATS Prometheus exporter's (spec.monitoring.natsExporter).
+EXPORTER_CONTAINER = "nats-exporter"
+EXPORTER_PORT = 7777
+EXPORTER_PORT_NAME = "metrics"
 STORE_DIR = "/data/jetstream"
 DATA_VOLUME = "data"
 
@@ -30,6 +34,49 @@ def broker_metadata(idep: InferaDeployment) -> dict[str, Any]:
     metadata = object_metadata(idep, NATS_SUFFIX)
     metadata["labels"][COMPONENT_LABEL] = "nats"
     return metadata
+
+
+def nats_exporter(idep: InferaDeployment) -> list[dict[str, Any]]:
+    """The exporter container of the broker's pod, when asked for: it reads nats-server's
+    monitoring port over loopback."""
+    monitoring = idep.spec.monitoring
+    if monitoring is None or not monitoring.nats_exporter.enabled:
+        return []
+    return [
+        {
+            "name": EXPORTER_CONTAINER,
+            "image": monitoring.nats_exporter.effective_image,
+            # Server, connection and JetStream statistics (every stream and consumer: a graph's
+            # broker holds a few), as the exporter's flags spell them (main.go at v0.20.1, the
+            # pinned release; the Go module proxy serves no copy for a test to run).
+            "args": [
+                "-varz",
+                "-connz",
+                "-jsz=all",
+                f"-port={EXPORTER_PORT}",
+                f"http://localhost:{MONITOR_PORT}",
+            ],
+            "ports": [{"name": EXPORTER_PORT_NAME, "containerPort": EXPORTER_PORT, "protocol": "TCP"}],
+            # Its listener only: the broker's pod is ready when every container is, and whether
+            # the exporter reaches nats-server must not decide whether clients reach the broker.
+            "readinessProbe": {
+                "tcpSocket": {"port": EXPORTER_PORT_NAME},
+                "periodSeconds": 10,
+                "timeoutSeconds": 1,
+                "failureThreshold": 3,
+                "successThreshold": 1,
+            },
+            "livenessProbe": {
+                "tcpSocket": {"port": EXPORTER_PORT_NAME},
+                "periodSeconds": 30,
+                "timeoutSeconds": 5,
+                "failureThreshold": 3,
+                "successThreshold": 1,
+            },
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+            "securityContext": security.restricted_container(),
+        }
+    ]
 
 
 def render(idep: InferaDeployment) -> list[dict]:
@@ -112,7 +159,7 @@ def render(idep: InferaDeployment) -> list[dict]:
                 "metadata": {"labels": dict(metadata["labels"])},
                 # The broker never calls the API server.
                 "spec": {
-                    "containers": [container],
+                    "containers": [container, *nats_exporter(idep)],
                     "automountServiceAccountToken": False,
                     "securityContext": security.pod_context(claims=True),
                 },

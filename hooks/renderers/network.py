@@ -95,10 +95,13 @@ def _metrics_rule(idep: InferaDeployment, ports: list[Port]) -> list[dict[str, A
 
 
 def broker_policy(idep: InferaDeployment) -> dict[str, Any]:
-    """The graph's pods to the client port; the monitoring port only to metricsFrom (kubelet's
-    probes come from the node, which a NetworkPolicy never stops)."""
+    """The graph's pods to the client port; the monitoring port (and the exporter's) only to
+    metricsFrom (kubelet's probes come from the node, which a NetworkPolicy never stops)."""
     rules = [_rule([(runtime.NATS_CLIENT_PORT, None)], [_graph_pods(idep)])]
-    return _policy(idep, NATS_SUFFIX, rules + _metrics_rule(idep, [(nats.MONITOR_PORT, None)]))
+    metrics: list[Port] = [(nats.MONITOR_PORT, None)]
+    if nats.nats_exporter(idep):
+        metrics.append((nats.EXPORTER_PORT, None))
+    return _policy(idep, NATS_SUFFIX, rules + _metrics_rule(idep, metrics))
 
 
 def _gateway_peers(idep: InferaDeployment) -> list[dict[str, Any]]:

@@ -6,10 +6,17 @@ from hooks.api.fields import primary_index
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
 from hooks.quantity import canonical_quantity
-from hooks.renderers import discovery, model_cache, overlay, probes, security
+from hooks.renderers import autoscaling, discovery, model_cache, overlay, probes, security
 from hooks.renderers.env import service_env
 from hooks.renderers.gaie import ROUTER_REQUESTS, frontend_sidecar
-from hooks.vocabulary import COMPONENT_LABEL, GAIE_FRONTEND_LABEL, GENERATION_LABEL, generation_labels, identity_labels
+from hooks.vocabulary import (
+    COMPONENT_LABEL,
+    GAIE_FRONTEND_LABEL,
+    GENERATION_LABEL,
+    generation_labels,
+    identity_labels,
+    selector_labels,
+)
 
 # As the upstream operator names them: scripts run `kubectl logs -c infera`.
 PRIMARY_CONTAINER = "infera"
@@ -148,6 +155,12 @@ def pod_template(
     }
     if volumes:
         spec["volumes"] = volumes
+    # Routers across nodes, so that one node's loss leaves the front door open (a template's own
+    # constraints replace these).
+    if not svc.is_worker and svc.most_replicas > 1:
+        spec["topologySpreadConstraints"] = autoscaling.spread_over_nodes(
+            selector_labels(idep, service) | generation_labels(idep)
+        )
     metadata = pod_metadata(idep, service, svc)
     # The serving pod of each worker replica (rank 0 of a group) joins the InferencePool.
     if idep.spec.gaie.enabled and svc.is_worker and leader:

@@ -65,8 +65,12 @@ def test_removing_a_service_prunes_exactly_its_objects(hooks, path: Path) -> Non
     expected = [("delete", workload_kind(services[victim]), f"{idep}-{victim}")]
     if services[victim]["componentType"] == "server":
         expected.append(("delete", "Service", f"{idep}-{victim}"))
-    else:
+    # A worker pool has a disruption budget; a server, when it keeps more than one replica.
+    if services[victim]["componentType"] == "worker" or services[victim].get("replicas", 1) > 1:
         expected.append(("delete", "PodDisruptionBudget", f"{idep}-{victim}"))
+    if "monitoring" in mc.parent["spec"]:
+        # Its scrape no longer names the service's role.
+        expected.append(("update", "PodMonitor", f"{idep}-metrics"))
     if mc.parent["spec"].get("networkPolicy", {}).get("isolate") == "graph":
         expected.append(("delete", "NetworkPolicy", f"{idep}-{victim}"))
         # The last server gone, the workers no longer admit servers.

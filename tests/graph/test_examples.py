@@ -23,6 +23,7 @@ def test_the_documented_examples_exist() -> None:
         "pd-autoscaling.yaml",
         "pd-model-cache.yaml",
         "gated-model-cache.yaml",
+        "pd-monitored.yaml",
     }
 
 
@@ -115,6 +116,21 @@ EXPECTED = {
         }
         | IDENTITIES
         | budgets("prefill", "decode"),
+    ),
+    "pd-monitored.yaml": (
+        "qwen-mon",
+        PLUMBING
+        | {("Deployment", "server"), ("Service", "server"), ("Deployment", "prefill"), ("Deployment", "decode")}
+        | {
+            ("Deployment", "epp"),
+            ("Service", "epp"),
+            ("ServiceAccount", "epp"),
+            ("Role", "epp"),
+            ("RoleBinding", "epp"),
+        }
+        | {("InferencePool", "pool"), ("HTTPRoute", "route"), ("PodMonitor", "metrics")}
+        # Two routers and two pickers: each pair keeps one through a drain.
+        | budgets("prefill", "decode", "server", "epp"),
     ),
     "multinode-tp.yaml": (
         "llama-tp",

@@ -23,7 +23,7 @@ SETTINGS = settings(max_examples=40)  # the rest from the "infera" profile (test
 @SETTINGS
 @given(spec=valid_specs())
 def test_valid_specs_render_valid_children_and_converge(hooks, spec: dict[str, Any]) -> None:
-    mc = Metacontroller(hooks, idep(spec), composite=controller("lws"))
+    mc = Metacontroller(hooks, idep(spec), composite=controller("lws", "monitoring"))
     mc.converge()
     assert mc.parent["status"]["state"] == "pending" or not any(s.get("replicas", 1) for s in spec["services"].values())
     workloads = {

@@ -73,14 +73,16 @@ def upstream_corpus() -> list[tuple[str, dict[str, Any]]]:
 
 
 def controller_for(idep: dict[str, Any]) -> dict[str, Any]:
-    """The CompositeController a user of this InferaDeployment runs: with the lws and gaie
-    components when the spec needs them."""
+    """The CompositeController a user of this InferaDeployment runs: with the lws, gaie and
+    monitoring components when the spec needs them."""
     spec = idep["spec"]
     components = []
     if any(svc.get("numberOfNodes", 1) > 1 for svc in spec["services"].values()):
         components.append("lws")
     if (spec.get("gaie") or {}).get("enabled"):
         components.append("gaie")
+    if "monitoring" in spec:
+        components.append("monitoring")
     return controller(*components)
 
 

@@ -107,7 +107,7 @@ def validate(obj: dict[str, Any], crd_dirs: list[Path]) -> None:
 
 
 # Kinds only the upstream CRDs in SCHEMAS describe.
-UPSTREAM_KINDS = ("LeaderWorkerSet", "InferencePool", "HTTPRoute", "CompositeController")
+UPSTREAM_KINDS = ("LeaderWorkerSet", "InferencePool", "HTTPRoute", "CompositeController", "PodMonitor")
 
 
 def validate_object(obj: dict[str, Any]) -> None:

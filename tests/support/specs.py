@@ -74,6 +74,13 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
                 "backendFramework": st.sampled_from(["sglang", "vllm"]),
                 "nats": st.fixed_dictionaries({}, optional={"deploy": st.booleans(), "storageSize": quantities}),
                 "envs": env_vars,
+                "monitoring": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "interval": st.sampled_from(["15s", "1m"]),
+                        "natsExporter": st.fixed_dictionaries({"enabled": st.booleans()}),
+                    },
+                ),
             },
         )
     )
@@ -112,6 +119,7 @@ SPEC_FIELDS = [
     "envs",
     "patches",
     "rollout",
+    "monitoring",
 ]
 SERVICE_FIELDS = [
     "componentType",
