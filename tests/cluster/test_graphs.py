@@ -32,7 +32,7 @@ from tests.support.composite_driver import LAST_APPLIED, RESOURCES
 from tests.support.e2e import sandbox
 from tests.support.e2e.graphs import mixed
 from tests.support.e2e.tokenizer import build_tokenizer
-from tests.support.localcluster import CONTROLLER, METACONTROLLER_USER, Installed, installed_bundle
+from tests.support.localcluster import COMPONENTS, CONTROLLER, METACONTROLLER_USER, Installed, installed_bundle
 from tests.support.metrics_api import running_metrics_api
 from tests.support.prerequisites import REPO, SHARED, need_runtime, need_schemas
 from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
@@ -208,6 +208,13 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
     ]
     assert asking_gpus and all(pod["spec"]["nodeName"] in NODE_NAMES for pod in pods)
     assert all(pod["status"]["phase"] in ("Running", "Succeeded") for pod in pods)
+    # A front door spread across nodes (several routers or pickers) runs one replica per node:
+    # the real scheduler reads the rendered constraints as meant.
+    for deployment in get(cluster, "-n", namespace, "deployments")["items"]:
+        if deployment["spec"]["template"]["spec"].get("topologySpreadConstraints"):
+            selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+            nodes = [pod["spec"]["nodeName"] for pod in get(cluster, "-n", namespace, "pods", "-l", selector)["items"]]
+            assert len(set(nodes)) == len(nodes) == deployment["spec"]["replicas"] > 1, (deployment, nodes)
 
     # The simulator, through the same example, ends with the same children and status.
     simulated = simulated_ready(installed.hooks_url, {**parent, "status": {}})
@@ -614,7 +621,7 @@ async def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) ->
 def simulated_ready(hooks_url: str, idep: dict[str, Any]) -> Metacontroller:
     """The graph through the simulated Metacontroller until it is ready: each round, its
     workloads report ready, Jobs complete and the Gateway accepts its routes."""
-    simulated = Metacontroller(HookClient(hooks_url), idep, controller("lws", "gaie"))
+    simulated = Metacontroller(HookClient(hooks_url), idep, controller(*COMPONENTS))
     for _ in range(4):
         simulated.converge()
         if simulated.parent["status"]["state"] == "ready":
@@ -665,7 +672,7 @@ def test_switching_shapes_prunes_and_creates_what_the_hook_renders_as_the_simula
     cluster = installed.cluster
     parent = ready_graph(installed, "changes")
     uid = parent["metadata"]["uid"]
-    simulated = Metacontroller(HookClient(installed.hooks_url), {**parent, "status": {}}, controller("lws", "gaie"))
+    simulated = Metacontroller(HookClient(installed.hooks_url), {**parent, "status": {}}, controller(*COMPONENTS))
     simulated.parent["metadata"]["namespace"] = "changes"
     simulated.converge()
     simulated.mark_ready()

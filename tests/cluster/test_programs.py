@@ -51,7 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with running_cluster(tmp_path_factory.mktemp("cluster")) as kubeconfig:
         kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(kubeconfig)]
         crds = [REPO / "crds" / "infera.amd.com_inferadeployments.yaml"] + [
-            need_schemas() / name for name in ("lws.yaml", "inferencepool.yaml", "httproute.yaml")
+            need_schemas() / name for name in ("lws.yaml", "inferencepool.yaml", "httproute.yaml", "podmonitor.yaml")
         ]
         for crd in crds:
             applied = kubectl_run(kubectl, "apply", "--server-side", "-f", str(crd))

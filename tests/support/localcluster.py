@@ -44,8 +44,12 @@ class Installed:
     hooks_url: str
 
 
+# The kustomize components the test overlay enables, and so the kinds its CompositeController registers.
+COMPONENTS = ("lws", "gaie", "monitoring")
+
+
 def overlay(directory: Path, hooks_url: str) -> Path:
-    """The test overlay: the bundle with the lws and gaie components, whose only change is the
+    """The test overlay: the bundle with the lws, gaie and monitoring components, whose only change is the
     CompositeController's hook URLs, pointed at the loopback `infera-hooks serve`."""
     directory.mkdir()
     bundle = os.path.relpath(REPO, directory)
@@ -57,7 +61,7 @@ def overlay(directory: Path, hooks_url: str) -> Path:
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [bundle],
-        "components": [f"{bundle}/metacontroller/components/{name}" for name in ("lws", "gaie")],
+        "components": [f"{bundle}/metacontroller/components/{name}" for name in COMPONENTS],
         "patches": [{"target": {"kind": "CompositeController", "name": CONTROLLER}, "patch": json.dumps(patch)}],
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
@@ -123,7 +127,7 @@ def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Ite
 @contextmanager
 def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None = None) -> Iterator[Installed]:
     """A loopback cluster with kwok GPU nodes and the LeaderWorkerSet controller, the Gateway
-    API, Inference Extension and Metacontroller CRDs from `schemas`, and the bundle installed
+    API, Inference Extension, Prometheus Operator and Metacontroller CRDs from `schemas`, and the bundle installed
     through the test overlay, its hooks served and driven: by the `metacontroller` binary if
     given, else by the stand-in driver."""
     with (
@@ -131,7 +135,14 @@ def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None =
         running_lws(cluster, workdir),
         running_server(workdir) as hooks,
     ):
-        for crd in ("metacontroller-crds.yaml", "inferencepool.yaml", "httproute.yaml"):
+        crds = (
+            "metacontroller-crds.yaml",
+            "inferencepool.yaml",
+            "httproute.yaml",
+            "podmonitor.yaml",
+            "prometheusrule.yaml",
+        )
+        for crd in crds:
             _succeeded(cluster, "apply", "--server-side", "-f", str(schemas / crd))
         cluster.apply(*metacontroller_identity())
         # Outside the checkout: kustomize refuses an overlay inside the bundle it builds on,
