@@ -61,6 +61,12 @@ from tests.support.runtime import STANDINS
 
 NODE_IP = kubelet.NODE_IP
 SUBNET_BITS = 24
+# The node's own link address. A bridge without one takes the lowest of its ports' and changes
+# it when that port goes: a pod removed mid-scenario (a drained generation) would then move the
+# node's address under every other pod, whose neighbour entry for the node, kept fresh by the
+# traffic coming in, sends every reply to an address nobody has until their connections die.
+# A node's bridge keeps one address, as this one does.
+NODE_MAC = "02:00:0a:2a:00:01"
 API_PORT = 6443
 ETCD_PORT = 2379
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -312,7 +318,7 @@ class Cluster:
     def setup(self) -> None:
         """Network, files and cluster services, as a node has them before the first pod."""
         sh("ip", "link", "set", "lo", "up")
-        sh("ip", "link", "add", "cni0", "type", "bridge")
+        sh("ip", "link", "add", "cni0", "address", NODE_MAC, "type", "bridge")
         sh("ip", "addr", "add", f"{NODE_IP}/{SUBNET_BITS}", "dev", "cni0")
         sh("ip", "link", "set", "cni0", "up")
         self.connections = ConnectionLog("cni0")
