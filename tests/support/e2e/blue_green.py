@@ -197,11 +197,7 @@ class FrontDoor:
         return f"http://{NODE_IP}:{self.port}"
 
     def connect(self) -> socket.socket:
-        far = socket.create_connection((self.backend.ip, self.port), timeout=10)
-        # A connect may hang for 10 s at most; a reply may take as long as the client waits for
-        # it (a socket timeout here would cut a slow reply at 10 s, as no kube-proxy does).
-        far.settimeout(None)
-        return far
+        return socket.create_connection((self.backend.ip, self.port), timeout=10)
 
     def switch(self, service: dict[str, Any]) -> None:
         """The Service updated in place: same address, another selector."""

@@ -707,6 +707,9 @@ def serve_relay(listener: socket.socket, connect: Callable[[], socket.socket]) -
                 print(f"relay: the far side refused: {error!r}", file=sys.stderr, flush=True)
                 return
             with far:
+                # `connect()` may bound its connect with a timeout; a reply may take as long as
+                # the client waits for it, as through kube-proxy.
+                far.settimeout(None)
                 pairs.extend((accepted, far))
                 back = threading.Thread(target=copy, args=(far, accepted), daemon=True)
                 back.start()
