@@ -18,6 +18,7 @@ The body is read whole, within its own budget of bytes, before the app sees it (
 import logging
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,12 @@ GRACEFUL_TIMEOUT_SECONDS = 20
 # what misbehaving clients can hold: all of them waiting on a chunk of their bodies still
 # leave room for a body of SMALL_BODY_BYTES.
 WORKER_CONNECTIONS = 100
+# The signals a gunicorn worker exits on. From its fork until it has installed its own handlers,
+# a worker runs the master's, which only queue a signal for the master's loop (a loop the worker
+# never runs): a SIGTERM then would be lost, and the worker would serve on, to be killed only
+# when the master gives up on it after the graceful timeout. So they are held blocked across
+# the fork and delivered once the worker's own handlers are in place.
+WORKER_EXIT_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGABRT})
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,12 @@ def serve(options: ServeOptions) -> None:
             self.connections = Connections(self.worker_connections, self.cfg.keepalive)
             super().init_process()
 
+        def init_signals(self) -> None:
+            super().init_signals()
+            # Blocked since before the fork (hold_exit_signals): one that arrived while this worker
+            # booted is delivered now, to its own handler.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_EXIT_SIGNALS)
+
         def timeout_ctx(self) -> RequestWait:
             return self.connections.request_wait()
 
@@ -167,6 +180,14 @@ def serve(options: ServeOptions) -> None:
             metrics_dir.fold_dead_worker(metrics_directory, pid)
         except Exception:
             log.exception("could not fold the metrics of dead worker %s", pid)
+
+    def hold_exit_signals(_server: Any, _worker: Any) -> None:
+        # gunicorn's pre_fork, in the master just before it forks a worker: the worker starts with
+        # them blocked (HookWorker.init_signals unblocks them); the master unblocks them as soon as
+        # the fork returns, so a signal meant for it waits no longer than the fork.
+        signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_EXIT_SIGNALS)
+
+    os.register_at_fork(after_in_parent=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_EXIT_SIGNALS))
 
     class HookLogger(glogging.Logger):
         """gunicorn's logger without its access log: every hook call logs one line already,
@@ -192,6 +213,7 @@ def serve(options: ServeOptions) -> None:
             # /tmp may be the only writable place with a read-only root filesystem.
             self.cfg.set("worker_tmp_dir", "/tmp")
             self.cfg.set("child_exit", lambda _server, worker: fold(worker.pid))
+            self.cfg.set("pre_fork", hold_exit_signals)
             if "control_socket_disable" in self.cfg.settings:
                 # Unused, and it would need a writable home directory.
                 self.cfg.set("control_socket_disable", True)

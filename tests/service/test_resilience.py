@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.prerequisites import need
 from tests.support.requests import PD, big_graph, children_by_key, parent, request_body
-from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape
+from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape, stop_process
 
 
 def pd_body() -> bytes:
@@ -53,6 +53,42 @@ def test_workers_die_and_are_replaced_any_number_of_times(tmp_path: Path, worker
                 assert client.request("GET", "/readyz").status == 200
         metrics = client.request("GET", "/metrics").body.decode()
         assert 'infera_hook_requests_total{hook="sync",outcome="ok"}' in metrics
+
+
+def a_booting_worker(server: RunningServer) -> int:
+    """SIGKILL the one worker; the replacement the master forks, as soon as it exists (still
+    booting: it has not yet installed its own signal handlers)."""
+    (old,) = server.workers()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (workers := server.workers()) in ([], [old]):
+        assert time.monotonic() < deadline, "timed out waiting for the master to fork a worker"
+        time.sleep(0.001)
+    (new,) = workers
+    return new
+
+
+def test_a_worker_told_to_stop_while_it_boots_stops(tmp_path: Path) -> None:
+    from hooks.server import GRACEFUL_TIMEOUT_SECONDS
+
+    # A signal that arrived between the fork and the worker's own handlers used to be lost: the
+    # worker served on, never replaced, and stopping the master waited out the graceful timeout
+    # for it (the rare failure of test_workers_die_and_are_replaced_any_number_of_times).
+    with running_server(tmp_path, workers=1) as server:
+        booting = a_booting_worker(server)
+        os.kill(booting, signal.SIGTERM)
+        wait_for(
+            lambda: booting not in server.workers() and len(server.workers()) == 1,
+            GRACEFUL_TIMEOUT_SECONDS / 2,
+            "the booting worker to stop and be replaced",
+        )
+        assert HookClient(server.url).request("POST", "/sync", pd_body()).status == 200
+        # The master's SIGTERM (a pod's deletion) reaches a booting worker the same way.
+        a_booting_worker(server)
+        started = time.monotonic()
+        stop_process(server.process)
+        elapsed = time.monotonic() - started
+    assert elapsed < GRACEFUL_TIMEOUT_SECONDS / 2, f"the master took {elapsed:.1f} s to stop"
 
 
 def test_probes_fail_when_the_service_cannot_record_metrics(tmp_path: Path) -> None:
