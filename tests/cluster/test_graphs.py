@@ -27,7 +27,7 @@ import yaml
 from hooks.api.status import State
 from hooks.vocabulary import CHILD_KINDS
 from tests.support import kubelet
-from tests.support.cluster import NODE_NAMES, Cluster, graph_namespace
+from tests.support.cluster import NODE_NAMES, Cluster, accepted_status, graph_namespace
 from tests.support.composite_driver import LAST_APPLIED, RESOURCES
 from tests.support.e2e import sandbox
 from tests.support.e2e.graphs import mixed
@@ -74,31 +74,7 @@ def accept_gateway_routes(cluster: Cluster, namespace: str) -> None:
     """The Gateway controller's part: it reports each InferencePool and HTTPRoute Accepted."""
     for resource in ("inferencepools", "httproutes"):
         for item in get(cluster, "-n", namespace, resource)["items"]:
-            status = {
-                "parents": [
-                    {
-                        "parentRef": {
-                            "group": "gateway.networking.k8s.io",
-                            "kind": "Gateway",
-                            "name": "inference-gateway",
-                        },
-                        "controllerName": "example.com/gateway",
-                        "conditions": [
-                            {
-                                "type": "Accepted",
-                                "status": "True",
-                                "reason": "Accepted",
-                                "message": "",
-                                "lastTransitionTime": "2026-12-01T00:00:00Z",
-                                "observedGeneration": item["metadata"]["generation"],
-                            }
-                        ],
-                    }
-                ]
-            }
-            if resource == "httproutes":
-                status["parents"][0]["parentRef"].pop("group")
-                status["parents"][0]["parentRef"].pop("kind")
+            status = accepted_status(resource, item["metadata"]["generation"])
             patched = cluster.kubectl(
                 "patch", "-n", namespace, resource, item["metadata"]["name"], "--subresource=status",
                 "--type=merge", "-p", json.dumps({"status": status}),

@@ -71,12 +71,12 @@ class Cluster:
         command = [str(programs()["kubectl"]), "--kubeconfig", str(self.kubeconfig), *arguments]
         return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
 
-    def admin(self) -> httpx.Client:
+    def admin(self, timeout: float = 30) -> httpx.Client:
         """A client with the kubeconfig's identity (system:masters)."""
         user = self.config["users"][0]["user"]
         tls = ssl.create_default_context(cafile=self.ca)
         tls.load_cert_chain(user["client-certificate"], user["client-key"])
-        return httpx.Client(base_url=self.server, verify=tls, timeout=30)
+        return httpx.Client(base_url=self.server, verify=tls, timeout=timeout)
 
     def as_token(self, token: str) -> httpx.Client:
         tls = ssl.create_default_context(cafile=self.ca)
@@ -154,6 +154,23 @@ class Cluster:
     def _completed_writes(self) -> list[dict[str, Any]]:
         events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
         return [event for event in events if event["stage"] == "ResponseComplete"]
+
+
+def accepted_status(resource: str, generation: int) -> dict[str, Any]:
+    """The Gateway controller's part: the status by which it reports an InferencePool or an
+    HTTPRoute (`resource`) at `generation` Accepted by the graph's Gateway."""
+    parent_ref = {"name": "inference-gateway"}
+    if resource == "inferencepools":
+        parent_ref = {"group": "gateway.networking.k8s.io", "kind": "Gateway", **parent_ref}
+    condition = {
+        "type": "Accepted",
+        "status": "True",
+        "reason": "Accepted",
+        "message": "",
+        "lastTransitionTime": "2026-12-01T00:00:00Z",
+        "observedGeneration": generation,
+    }
+    return {"parents": [{"parentRef": parent_ref, "controllerName": "example.com/gateway", "conditions": [condition]}]}
 
 
 @contextmanager

@@ -73,14 +73,18 @@ def running_cluster(workdir: Path, name: str = "infera-test", audit_policy: Path
         options["kubeAuditPolicy"] = str(audit_policy)
     # Aggregated APIs (a custom metrics API for the autoscaler) are reached at their Service's
     # endpoints: no ClusterIP answers here.
-    routing = {"name": "kube-apiserver", "extraArgs": [{"key": "enable-aggregator-routing", "value": "true"}]}
+    apiserver_arguments = [{"key": "enable-aggregator-routing", "value": "true"}]
+    if audit_policy is not None:
+        # Its log rotates at 100 MB by default, which a fleet's writes pass: readers want one file.
+        apiserver_arguments.append({"key": "audit-log-maxsize", "value": "100000"})
+    apiserver = {"name": "kube-apiserver", "extraArgs": apiserver_arguments}
     config.write_text(
         json.dumps(
             {
                 "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
                 "kind": "KwokctlConfiguration",
                 "options": options,
-                "componentsPatches": [routing],
+                "componentsPatches": [apiserver],
             }
         )
     )

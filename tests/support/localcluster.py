@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ import yaml
 from tests.support.cluster import Cluster, running_cluster_with_nodes, running_lws
 from tests.support.composite_driver import CompositeDriver
 from tests.support.prerequisites import REPO, need_schemas
-from tests.support.service import running_server, stop_process
+from tests.support.service import RunningServer, running_server, stop_process
 
 CONTROLLER = "inferadeployment-controller"
 METACONTROLLER_USER = "system:serviceaccount:metacontroller:metacontroller"
@@ -98,13 +98,15 @@ def _succeeded(cluster: Cluster, *arguments: str) -> None:
 
 
 @contextmanager
-def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Iterator[None]:
-    """Metacontroller itself, as its production manifest runs it, with its ServiceAccount's
-    token; its log in `workdir`."""
+def running_metacontroller(
+    cluster: Cluster, binary: Path, workdir: Path, arguments: Sequence[str] = ()
+) -> Iterator[subprocess.Popen]:
+    """Metacontroller itself, as its production manifest runs it (plus `arguments`), with its
+    ServiceAccount's token; its log in `workdir`."""
     kubeconfig = cluster.kubeconfig_for(
         workdir / "metacontroller-kubeconfig", "metacontroller", "metacontroller", hours=IDENTITY_HOURS
     )
-    with (workdir / "metacontroller.log").open("wb") as log:
+    with (workdir / "metacontroller.log").open("ab") as log:
         process = subprocess.Popen(
             [
                 str(binary),
@@ -114,22 +116,22 @@ def running_metacontroller(cluster: Cluster, binary: Path, workdir: Path) -> Ite
                 # Loopback, on ports of the kernel's choosing: nothing here scrapes them.
                 "--metrics-address=127.0.0.1:0",
                 "--health-probe-bind-address=127.0.0.1:0",
+                *arguments,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
     try:
-        yield
+        yield process
     finally:
         stop_process(process)
 
 
 @contextmanager
-def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None = None) -> Iterator[Installed]:
+def installed_hooks(workdir: Path, schemas: Path) -> Iterator[tuple[Cluster, RunningServer]]:
     """A loopback cluster with kwok GPU nodes and the LeaderWorkerSet controller, the Gateway
-    API, Inference Extension, Prometheus Operator and Metacontroller CRDs from `schemas`, and the bundle installed
-    through the test overlay, its hooks served and driven: by the `metacontroller` binary if
-    given, else by the stand-in driver."""
+    API, Inference Extension, Prometheus Operator and Metacontroller CRDs from `schemas`, and the
+    bundle installed through the test overlay, its hooks served; nothing drives them yet."""
     with (
         running_cluster_with_nodes(workdir) as cluster,
         running_lws(cluster, workdir),
@@ -150,6 +152,14 @@ def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None =
         with tempfile.TemporaryDirectory(prefix="infera-overlay-") as directory:
             _succeeded(cluster, "apply", "-k", str(overlay(Path(directory) / "overlay", hooks.url)))
         _succeeded(cluster, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield cluster, hooks
+
+
+@contextmanager
+def installed_bundle(workdir: Path, schemas: Path, metacontroller: Path | None = None) -> Iterator[Installed]:
+    """The installed bundle (installed_hooks) driven by the `metacontroller` binary if given,
+    else by the stand-in driver."""
+    with installed_hooks(workdir, schemas) as (cluster, hooks):
         if metacontroller is not None:
             with running_metacontroller(cluster, metacontroller, workdir):
                 yield Installed(cluster, None, hooks.url)
