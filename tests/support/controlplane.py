@@ -73,7 +73,12 @@ def running_cluster(workdir: Path, name: str = "infera-test", audit_policy: Path
         options["kubeAuditPolicy"] = str(audit_policy)
     # Aggregated APIs (a custom metrics API for the autoscaler) are reached at their Service's
     # endpoints: no ClusterIP answers here.
-    apiserver_arguments = [{"key": "enable-aggregator-routing", "value": "true"}]
+    apiserver_arguments = [
+        {"key": "enable-aggregator-routing", "value": "true"},
+        # kwokctl leaves the API server's default, a /24: 254 ClusterIPs, fewer than a fleet's
+        # Services. The kubernetes Service keeps its 10.0.0.1.
+        {"key": "service-cluster-ip-range", "value": "10.0.0.0/16"},
+    ]
     if audit_policy is not None:
         # Its log rotates at 100 MB by default, which a fleet's writes pass: readers want one file.
         apiserver_arguments.append({"key": "audit-log-maxsize", "value": "100000"})

@@ -40,7 +40,7 @@ def table(rows: list[list[str]]) -> str:
 
 def phase_rows(graphs: int, figures: list[Figures]) -> list[list[str]]:
     header = [
-        "phase", "wall s", "MC writes", "per graph", "MC CPU s", "MC peak MB", "hook calls", "hook CPU s", "hook peak MB",
+        "phase", "wall s", "MC writes", "per graph", "MC errors", "MC CPU s", "MC peak MB", "hook calls", "hook CPU s", "hook peak MB",
         "hook p50/p99 ms", "API p50/p99 ms", "busiest (cores)", "all cores",
     ]  # fmt: skip
     rows = [header]
@@ -54,6 +54,7 @@ def phase_rows(graphs: int, figures: list[Figures]) -> list[list[str]]:
                 f"{figure.seconds:.0f}",
                 str(writes),
                 f"{writes / graphs:.1f}",
+                str(figure.metacontroller_errors),
                 f"{figure.cpu['metacontroller']:.1f}",
                 f"{figure.metacontroller_peak_mb:.0f}",
                 str(sum(figure.hook_calls.values())),

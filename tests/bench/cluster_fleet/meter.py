@@ -17,7 +17,14 @@ from tests.bench.throughput import percentile
 from tests.support.localcluster import METACONTROLLER_USER
 
 # The loopback control plane's processes, by executable name, whose CPU a phase reports.
-CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok", "lws-controller")
+CONTROL_PLANE = (
+    "kube-apiserver",
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok-controller",
+    "lws-controller",
+)
 TICK = os.sysconf("SC_CLK_TCK")
 # Watches and proxied connections last as long as the client wants: not request latency.
 LONG_RUNNING = {"WATCH", "CONNECT"}
@@ -99,6 +106,7 @@ class Figures:
     seconds: float
     metacontroller_writes: Counter  # "verb kind" -> count
     other_writes: int
+    metacontroller_errors: int  # lines its log logged at level error (a sync that failed)
     cpu: dict[str, float]  # process -> CPU seconds
     metacontroller_peak_mb: float
     hook_peak_mb: float  # the largest gunicorn worker's
@@ -139,11 +147,20 @@ def hook_calls(log_path: Path, start: int, end: int) -> tuple[Counter, list[floa
     return calls, durations
 
 
+def error_lines(log_path: Path, start: int) -> int:
+    with log_path.open("rb") as log:
+        log.seek(start)
+        return sum(1 for line in log if line.startswith(b'{"level":"error"'))
+
+
 class Meter:
     """Measures from start() to stop(): call start, run the phase, call stop."""
 
-    def __init__(self, admin: httpx.Client, audit_log: Path, hook_log: Path, hook_pid: int) -> None:
+    def __init__(
+        self, admin: httpx.Client, audit_log: Path, hook_log: Path, hook_pid: int, metacontroller_log: Path
+    ) -> None:
         self.admin = admin
+        self.metacontroller_log = metacontroller_log
         self.audit_log = audit_log
         self.hook_log = hook_log
         self.hook_pid = hook_pid
@@ -154,6 +171,7 @@ class Meter:
         self.started = time.monotonic()
         self.audit_offset = self.audit_log.stat().st_size
         self.hook_offset = self.hook_log.stat().st_size
+        self.metacontroller_log_offset = self.metacontroller_log.stat().st_size
         self.cpu_before = self._cpu()
         self.latency_before = latency_histogram(self.admin)
         for pid in [metacontroller_pid, *self._hook_workers()]:
@@ -183,6 +201,7 @@ class Meter:
             seconds,
             writes,
             others,
+            error_lines(self.metacontroller_log, self.metacontroller_log_offset),
             cpu,
             peak_rss_mb(self.metacontroller_pid),
             max(map(peak_rss_mb, self._hook_workers()), default=0.0),

@@ -35,10 +35,10 @@ def _parallel(step: Callable[[Any], Any], items: list[Any]) -> None:
 
 
 class Run:
-    def __init__(self, cluster: Cluster, hook_log: Path, hook_pid: int, graphs: int) -> None:
+    def __init__(self, cluster: Cluster, hook_log: Path, hook_pid: int, workdir: Path, graphs: int) -> None:
         self.cluster = cluster
         self.admin = cluster.admin(timeout=120)
-        self.meter = Meter(self.admin, cluster.audit_log, hook_log, hook_pid)
+        self.meter = Meter(self.admin, cluster.audit_log, hook_log, hook_pid, workdir / "metacontroller.log")
         self.hook_log = hook_log
         self.graphs = fleet.graphs(graphs)
 
@@ -78,7 +78,10 @@ class Run:
     def wait_quiet(self) -> float:
         """Until the hooks have had no call for QUIET_SECONDS; when the last call came."""
         last_size, last_change = self.hook_log.stat().st_size, time.monotonic()
+        deadline = last_change + PHASE_TIMEOUT
         while time.monotonic() - last_change < QUIET_SECONDS:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the hooks were called without a pause of {QUIET_SECONDS} s for {PHASE_TIMEOUT} s")
             time.sleep(1)
             if (size := self.hook_log.stat().st_size) != last_size:
                 last_size, last_change = size, time.monotonic()
@@ -180,7 +183,7 @@ def run(workdir: Path, binary: Path, graphs: int, settings: dict[str, int], flus
     arguments.append(f"--cache-flush-interval={flush_seconds}s")
     figures = []
     with _installed(workdir, graphs) as (cluster, hooks), ExitStack() as metacontroller:
-        bench = Run(cluster, hooks.log, hooks.process.pid, graphs)
+        bench = Run(cluster, hooks.log, hooks.process.pid, workdir, graphs)
         meter = bench.meter
         process = metacontroller.enter_context(running_metacontroller(cluster, binary, workdir, arguments))
         time.sleep(5)  # its informers list and it registers the CompositeController
