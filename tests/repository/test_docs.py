@@ -204,7 +204,7 @@ def test_the_moved_reference_is_in_the_docs() -> None:
         ("teardown.md", "Uninstalling"),
         ("migration.md", "Coming from the upstream operator"),
         ("development.md", "Layout"),
-        ("performance.md", "A fleet"),
+        ("performance.md", "A fleet on the real control plane"),
     ]:
         assert section(DOCS / page, heading).strip(), (page, heading)
 
