@@ -191,7 +191,8 @@ class Meter:
         """The figures since start(); `ended` (monotonic) when the phase converged before now."""
         seconds = (ended or time.monotonic()) - self.started
         time.sleep(1)  # the audit backend writes its last events a moment after the response
-        cpu = {name: self._cpu()[name] - before for name, before in self.cpu_before.items()}
+        now = self._cpu()
+        cpu = {name: now[name] - before for name, before in self.cpu_before.items()}
         writes, others = audit_writes(self.audit_log, self.audit_offset, self.audit_log.stat().st_size)
         calls, durations = hook_calls(self.hook_log, self.hook_offset, self.hook_log.stat().st_size)
         latency = latency_histogram(self.admin)
