@@ -165,21 +165,21 @@ def _sync(parent: dict[str, Any], observed: list[dict[str, Any]]) -> dict[str, A
 
 
 def _after_download(parent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
-    """The sync answer once the download Job in `answer` (a first sync's) is complete, or None
-    when there is none (no model cache, or an invalid spec)."""
+    """The sync answer once the download Job in `answer` (a first sync's) is complete, its
+    children created meanwhile, or None when there is none (no model cache, or an invalid spec)."""
     job = field_at(answer, "status", "modelCache", "job")
     if job is None:
         return None
-    (download,) = [child for child in answer["children"] if (child["kind"], child["metadata"]["name"]) == ("Job", job)]
-    return _sync(parent, [_completed(download)])
+    return _sync(parent, [_created(child, complete=child["kind"] == "Job") for child in answer["children"]])
 
 
-def _completed(job: dict[str, Any]) -> dict[str, Any]:
-    """A rendered Job as Metacontroller reports it once the Job controller says it is complete:
-    with the record of what was applied, which the hook answers again (a Job cannot change)."""
-    observed = copy.deepcopy(job)
-    observed["metadata"].setdefault("annotations", {})[LAST_APPLIED_ANNOTATION] = json.dumps(job, sort_keys=True)
-    observed["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+def _created(child: dict[str, Any], complete: bool) -> dict[str, Any]:
+    """A rendered child as Metacontroller reports it once created: with the record of what was
+    applied, which the hook answers again; a Job `complete` as its controller says it."""
+    observed = copy.deepcopy(child)
+    observed["metadata"].setdefault("annotations", {})[LAST_APPLIED_ANNOTATION] = json.dumps(child, sort_keys=True)
+    if complete:
+        observed["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     return observed
 
 

@@ -9,12 +9,19 @@ renders it beside the serving one, which is kept exactly as applied; the front d
 every pool of the new generation is ready, and on the next sync the old generation, no longer
 served, is no longer answered, so Metacontroller deletes it.
 
+Which generation serves is never read from one object: the observed front door and the previous
+status's servingGeneration (what the last answer's front door selected) are witnesses, and the
+generations present and their readiness decide between them. A front door deleted or edited by
+hand is restored to the serving generation, never advanced to one that is not ready. Each
+generation's workloads record their siblings' pod templates (TEMPLATES_ANNOTATION), so a workload
+of a kept generation deleted mid-rollout is recreated when the spec still renders it unchanged.
+
 Outside BlueGreen the generation is "": children are named and selected as they always were.
 """
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +30,16 @@ from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import ConditionStatus, PoolProgress, RolloutPhase, RolloutStatus
 from hooks.contract import as_last_applied, field_at
-from hooks.observed import Observed, as_int, current_ready, live_replicas, observed_workload, pod_templates, service_of
+from hooks.observed import (
+    Observed,
+    as_int,
+    current_ready,
+    listed,
+    live_replicas,
+    observed_workload,
+    pod_templates,
+    service_of,
+)
 from hooks.vocabulary import (
     DIGEST_LENGTH,
     EPP_SUFFIX,
@@ -31,7 +47,9 @@ from hooks.vocabulary import (
     WORKLOAD_KINDS,
     child_name,
     generation_name,
+    pool_name,
     route_name,
+    workload_kind,
 )
 
 
@@ -66,6 +84,68 @@ def digest(workloads: Iterable[dict[str, Any]]) -> str:
     return hashlib.sha256(encoded).hexdigest()[:DIGEST_LENGTH]
 
 
+# On every workload of a BlueGreen generation: that generation's workloads, each as its kind, its
+# name without the generation and a digest of its pod templates. A workload deleted while its
+# generation is kept is then recreated from the spec exactly when the spec still renders it the
+# same; its siblings' last-applied records alone say nothing of it.
+TEMPLATES_ANNOTATION = "infera.amd.com/generation-templates"
+Recorded = tuple[str, str, str]  # (kind, name without the generation, template digest)
+
+
+def template_digest(workload: dict[str, Any]) -> str:
+    """What a workload's pods run and how many form a group: its pod templates' specs and size."""
+    size = field_at(workload, "spec", "leaderWorkerTemplate", "size")
+    specs = [template.get("spec") for template, _ in pod_templates(workload)]
+    encoded = json.dumps([size, specs], sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def _suffix(generation: str) -> str:
+    """What a generation adds to its children's names (nothing for the unlabelled one)."""
+    return f"-{generation}" if generation else ""
+
+
+def _plain_name(child: dict[str, Any]) -> str:
+    return str(field_at(child, "metadata", "name")).removesuffix(_suffix(generation_of(child)))
+
+
+def with_templates_recorded(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`children` of a BlueGreen generation, each of its workloads annotated with the record of
+    them all (TEMPLATES_ANNOTATION)."""
+    workloads = [c for c in children if c["kind"] in WORKLOAD_KINDS and generation_of(c)]
+    if not workloads:
+        return children
+    record = json.dumps(sorted([c["kind"], _plain_name(c), template_digest(c)] for c in workloads))
+    recording = {id(child) for child in workloads}
+    return [_annotated(child, record) if id(child) in recording else child for child in children]
+
+
+def _annotated(child: dict[str, Any], record: str) -> dict[str, Any]:
+    metadata = child["metadata"]
+    annotations = {**(metadata.get("annotations") or {}), TEMPLATES_ANNOTATION: record}
+    return {**child, "metadata": {**metadata, "annotations": annotations}}
+
+
+def recorded_templates(observed: Observed, generation: str) -> tuple[str, list[Recorded]] | None:
+    """The record of `generation`'s workloads (as annotated, and parsed) on the first of its
+    observed workloads that holds a well-formed one; None when none does (all of them gone, or
+    made by a build that did not record them)."""
+    for (kind, _), child in sorted(observed.items()):
+        if kind not in WORKLOAD_KINDS or generation_of(child) != generation:
+            continue
+        text = field_at(child, "metadata", "annotations", TEMPLATES_ANNOTATION)
+        try:
+            record = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            continue
+        if isinstance(record, list) and all(
+            isinstance(entry, list) and len(entry) == 3 and all(isinstance(part, str) for part in entry)
+            for entry in record
+        ):
+            return text, [(kind, name, digest) for kind, name, digest in record]
+    return None
+
+
 def front_door(idep: InferaDeployment, observed: Observed) -> set[str]:
     """The generations the observed front door selects: each server Service's, and the one
     whose InferencePool the HTTPRoute routes to."""
@@ -98,6 +178,11 @@ def ready(idep: InferaDeployment, observed: Observed, live: dict[str, int]) -> b
     return True
 
 
+def present(observed: Observed) -> frozenset[str]:
+    """The generations that have a child observed."""
+    return frozenset(generation_of(child) for child in observed.values() if belongs_to_a_generation(child))
+
+
 @dataclass(frozen=True)
 class Rollout:
     """Which generations this sync answers, from the spec and the observed children."""
@@ -105,31 +190,48 @@ class Rollout:
     desired: str  # the spec's generation
     served: frozenset[str]  # the generations the observed front door selects
     serving: str  # the generation this answer's front door selects
+    # Generations answered besides the desired one, exactly as applied: the serving one and those
+    # the observed front door still selects. Any other (a change replaced mid-rollout, or one no
+    # longer served) is left out of the answer, and so deleted.
+    kept: frozenset[str]
+    # The generation the front door was at before this answer: the rendered live replicas (an
+    # autoscaler's count) are read from its workloads.
+    front: str
 
     @property
-    def kept(self) -> frozenset[str]:
-        """Generations answered exactly as applied: those still served that the spec no longer
-        renders. Any other generation (a change replaced mid-rollout, or one no longer served)
-        is left out of the answer, and so deleted."""
-        return self.served - {self.desired}
-
-    @property
-    def front(self) -> str:
-        """The generation the front door was at before this answer: the rendered live replicas
-        (an autoscaler's count) are read from its workloads."""
-        return min(self.kept) if self.kept else self.desired
+    def door_restored(self) -> bool:
+        """Whether the observed front door does not select the generation that serves, which is
+        not the incoming one: it was deleted or edited, and this answer puts it back."""
+        return self.serving != self.desired and self.served != {self.serving}
 
 
-def plan(idep: InferaDeployment, observed: Observed) -> Rollout:
-    """The rollout to the generation `idep` renders: the front door stays where it is until every
-    pool of that generation is ready (autoscaled ones at the count their autoscaler keeps now)."""
+def plan(idep: InferaDeployment, observed: Observed, recorded: str | None = None) -> Rollout:
+    """The rollout to the generation `idep` renders. The front door moves to it once every pool
+    of it is ready (autoscaled ones at the count their autoscaler keeps now); until then it
+    stays at the generation that serves, by its witnesses: `recorded` (the previous status's
+    servingGeneration) and the observed front door, in that order, where they name a generation
+    that is present. Where they disagree, or name none, a ready generation wins: a deleted or
+    edited front door never takes traffic to a generation that is not ready, and never costs the
+    one that serves its workloads."""
     desired = idep.graph_generation
     served = frozenset(front_door(idep, observed))
-    others = served - {desired}
-    if not others:
-        return Rollout(desired, served, desired)
-    live = live_replicas(idep.at_generation(min(others)), observed)
-    return Rollout(desired, served, desired if ready(idep, observed, live) else min(others))
+    generations = present(observed)
+    behind_door = served & generations
+    witnessed = [g for g in (recorded, *sorted(served)) if g in generations]
+    # Autoscaled pools are judged at the count the generation that serves now keeps.
+    live = live_replicas(idep.at_generation(witnessed[0] if witnessed else desired), observed)
+
+    def is_ready(generation: str) -> bool:
+        return generation in generations and ready(idep.at_generation(generation), observed, live)
+
+    if is_ready(desired):
+        serving = desired
+    else:
+        # Witnessed first; without a witness, an older generation exists only because it served.
+        candidates = list(dict.fromkeys([*witnessed, *sorted(generations - {desired})]))
+        serving = next((g for g in candidates if is_ready(g)), candidates[0] if candidates else desired)
+    kept = (behind_door | {serving}) - {desired}
+    return Rollout(desired, served, serving, kept, min(behind_door) if behind_door else serving)
 
 
 def check_switch(rollout: Rollout, observed: Observed, spec_digest: Callable[[], str]) -> None:
@@ -155,6 +257,90 @@ def check_switch(rollout: Rollout, observed: Observed, spec_digest: Callable[[],
         )
 
 
+@dataclass(frozen=True)
+class Restoration:
+    """The workloads of a kept generation that are gone, by what its record says."""
+
+    generation: str
+    record: str  # the record's annotation, which a restored workload carries again
+    missing: list[Recorded]
+    # The picker's companions that are gone too (its Service, the InferencePool), and the
+    # template digest the record holds for the picker they follow.
+    companions: list[tuple[str, str]]
+    picker: str | None
+
+
+def restorations(rollout: Rollout, observed: Observed, idep: InferaDeployment) -> list[Restoration]:
+    """For each generation the answer keeps, the recorded workloads (and picker companions) not
+    observed."""
+    found = []
+    for generation in sorted(rollout.kept):
+        at = idep.at_generation(generation)
+        # Without a record (a generation an older build made), what the spec has is what it
+        # had, as far as anyone can tell, and nothing of it matches a template.
+        record, entries = recorded_templates(observed, generation) or ("", _unrecorded(at))
+        missing = [(kind, name, d) for kind, name, d in entries if (kind, name + _suffix(generation)) not in observed]
+        picker = next(
+            (d for kind, name, d in entries if (kind, name) == ("Deployment", child_name(idep, EPP_SUFFIX))), None
+        )
+        companions = []
+        if picker is not None:
+            wanted = [("Service", generation_name(at, EPP_SUFFIX)), ("InferencePool", pool_name(at))]
+            companions = [key for key in wanted if key not in observed]
+        if missing or companions:
+            found.append(Restoration(generation, record, missing, companions, picker))
+    return found
+
+
+def _unrecorded(idep: InferaDeployment) -> list[Recorded]:
+    entries = [(workload_kind(svc), child_name(idep, service), "") for service, svc in idep.spec.services.items()]
+    return entries + ([("Deployment", child_name(idep, EPP_SUFFIX), "")] if idep.spec.gaie.enabled else [])
+
+
+def restore(
+    restoration: Restoration, rendered: list[dict[str, Any]], rollout: Rollout
+) -> tuple[list[dict[str, Any]], str | None]:
+    """What of `restoration` the spec, `rendered` at its generation, renders exactly as recorded:
+    those children (each workload with the generation's record again), and what to do about the
+    others, which cannot be recreated from this spec (None when there are none). The picker's
+    companions follow the picker's template: they are named after the generation and made of
+    what its command holds."""
+    by_key = {(child["kind"], child["metadata"]["name"]): child for child in rendered}
+    restored, lost = [], []
+    suffix = _suffix(restoration.generation)
+    for kind, name, recorded in restoration.missing:
+        child = by_key.get((kind, name + suffix))
+        if child is not None and recorded and template_digest(child) == recorded:
+            restored.append(_annotated(child, restoration.record))
+        else:
+            lost.append(f"{kind} {name + suffix}")
+    picker = next((c for c in rendered if c["kind"] == "Deployment" and service_of(c) == EPP_SUFFIX), None)
+    same_picker = picker is not None and bool(restoration.picker) and template_digest(picker) == restoration.picker
+    for key in restoration.companions:
+        if same_picker and key in by_key:
+            restored.append(by_key[key])
+        else:
+            lost.append(" ".join(key))
+    return restored, _lost(restoration, lost, rollout) if lost else None
+
+
+def _lost(restoration: Restoration, names: list[str], rollout: Rollout) -> str:
+    generation = named([restoration.generation])
+    which = "the serving generation" if restoration.generation == rollout.serving else "generation"
+    one = len(names) == 1
+    them = "it" if one else "them"
+    why = (
+        f"this spec renders {them} differently"
+        if restoration.record
+        else f"its generation, made by an earlier build, recorded nothing to recreate {them} from"
+    )
+    return (
+        f"{listed(names)} of {which} {generation} {'is' if one else 'are'} gone, and {why}: revert the spec to "
+        f"generation {generation}'s to recreate {them}, or let generation {rollout.desired} become ready to replace "
+        f"{them}"
+    )
+
+
 def created(idep: InferaDeployment, observed: Observed) -> str | None:
     """When the oldest workload of the generation `idep` renders was created (None: not yet)."""
     stamps = [
@@ -175,37 +361,49 @@ class RolloutRead:
     serving: str
     kept: tuple[str, ...]
     present: tuple[str, ...]  # every generation with a child observed
+    door_restored: bool
 
     @classmethod
     def of(cls, rollout: Rollout, children: Iterable[dict[str, Any]]) -> "RolloutRead":
-        present = {generation_of(child) for child in children if belongs_to_a_generation(child)}
-        return cls(rollout.desired, rollout.serving, tuple(sorted(rollout.kept)), tuple(sorted(present)))
+        generations = {generation_of(child) for child in children if belongs_to_a_generation(child)}
+        return cls(
+            rollout.desired,
+            rollout.serving,
+            tuple(sorted(rollout.kept)),
+            tuple(sorted(generations)),
+            rollout.door_restored,
+        )
 
     def key(self) -> list[Any]:
-        return [self.desired, self.serving, list(self.kept), list(self.present)]
+        return [self.desired, self.serving, list(self.kept), list(self.present), self.door_restored]
 
 
-def _named(generations: Iterable[str]) -> str:
+def named(generations: Iterable[str]) -> str:
     return ", ".join(generation or '"" (RollingUpdate)' for generation in generations)
 
 
 def rollout_status(
-    idep: InferaDeployment, read: RolloutRead, observed: Observed, now: Callable[[], datetime]
+    idep: InferaDeployment,
+    read: RolloutRead,
+    observed: Observed,
+    now: Callable[[], datetime],
+    unscheduled: Sequence[str] = (),
 ) -> tuple[RolloutStatus, tuple[ConditionStatus, str]]:
     """The rollout's status and its Progressing condition (status, reason), for `idep` at the
-    desired generation. The clock is read only while a new generation is not yet serving."""
+    desired generation; `unscheduled` says which of its pods no node takes. The clock is read
+    only while a new generation is not yet serving."""
     strategy = idep.spec.rollout.strategy
     desired, serving = read.desired, read.serving
     if serving == desired:
         draining = sorted(set(read.present) - {desired})
         if read.kept:
             phase: RolloutPhase = "Switching"
-            reason, message = "FrontDoorSwitched", f"the front door moves to generation {_named([desired])}"
+            reason, message = "FrontDoorSwitched", f"the front door moves to generation {named([desired])}"
         elif draining:
             phase, reason = "Draining", "OldGenerationDraining"
-            message = f"generation {_named([desired])} serves; removing generation {_named(draining)}"
+            message = f"generation {named([desired])} serves; removing generation {named(draining)}"
         else:
-            phase, reason, message = "Stable", "RolloutComplete", f"generation {_named([desired])} serves"
+            phase, reason, message = "Stable", "RolloutComplete", f"generation {named([desired])} serves"
         done = RolloutStatus(strategy=strategy, phase=phase, serving_generation=serving, message=message)
         return done, ("True", reason)
     pools = {}
@@ -215,15 +413,18 @@ def rollout_status(
             replicas=as_int(field_at(workload, "spec", "replicas")), ready_replicas=current_ready(workload)
         )
     progress = ", ".join(f"{service} {pool.ready_replicas}/{pool.replicas}" for service, pool in pools.items())
-    message = f"generation {_named([serving])} serves; generation {desired} starts: {progress} ready"
+    message = f"generation {named([serving])} serves; generation {desired} starts: {progress} ready"
     since = created(idep, observed)
     deadline = idep.spec.rollout.progress_deadline_seconds
     stalled = since is not None and (now() - datetime.fromisoformat(since)).total_seconds() > deadline
     if stalled:
         message = (
             f"generation {desired} is not ready {deadline}s after it was created (rollout.progressDeadlineSeconds); "
-            f"generation {_named([serving])} keeps serving: {progress} ready"
+            f"generation {named([serving])} keeps serving: {progress} ready"
         )
+    if read.door_restored:
+        message += f"; the front door, deleted or edited, is restored to generation {named([serving])}"
+    message = "; ".join([message, *unscheduled])
     rolling = RolloutStatus(
         strategy=strategy,
         phase="Stalled" if stalled else "Progressing",

@@ -68,6 +68,16 @@ def service_of(child: dict[str, Any]) -> str | None:
 MAX_QUOTED_MESSAGE = 200
 
 
+# Names a message lists before it counts the rest.
+LISTED = 5
+
+
+def listed(names: Sequence[str]) -> str:
+    """Names as a message lists them: the first few, and how many more."""
+    more = len(names) - LISTED
+    return ", ".join(names[:LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
 Observed = dict[tuple[str, str], dict]  # observed children by (kind, name)
 
 
@@ -140,17 +150,11 @@ def _changes_workload(recorded: str, body: bytes) -> bool:
     return verdict
 
 
-def _as_compared(workload: dict[str, Any]) -> dict[str, Any]:
-    """A workload without what Metacontroller stamps on it (the namespace, its controller-uid
-    label) and without its replicas."""
-    metadata = {key: value for key, value in (workload.get("metadata") or {}).items() if key != "namespace"}
-    labels = metadata.get("labels")
-    if isinstance(labels, dict):
-        metadata["labels"] = {key: value for key, value in labels.items() if key != "controller-uid"}
+def _as_compared(workload: dict[str, Any]) -> Any:
+    """What of a workload makes its pods: its spec without its replicas. Its own labels and
+    annotations (and what Metacontroller stamps on it) roll nothing."""
     spec = workload.get("spec")
-    if isinstance(spec, dict):
-        spec = {key: value for key, value in spec.items() if key != "replicas"}
-    return {**workload, "metadata": metadata, "spec": spec}
+    return {key: value for key, value in spec.items() if key != "replicas"} if isinstance(spec, dict) else spec
 
 
 @dataclass(frozen=True)

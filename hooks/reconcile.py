@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from hooks import admission, generations, preflight, runtime, status, vocabulary
+from hooks import admission, generations, preflight, runtime, scheduling, status, vocabulary
 from hooks.api.fields import SpecError, primary_index
 from hooks.api.graph import InferaDeployment
-from hooks.contract import HookRequest, as_kept, as_last_applied
+from hooks.contract import HookRequest, as_kept, as_last_applied, field_at
 from hooks.encoding import EncodedChild, canonical_json, sync_answer_json
 from hooks.generations import Rollout
 from hooks.immutable import encoded, keep_immutable_fields
@@ -136,6 +136,8 @@ def _rendered(
                 add(child)
     patched = patches.apply_patches(idep.spec.patches or [], children, sizes, lambda child: _owned_fields(idep, child))
     admission.check(idep, children, patched)
+    if idep.graph_generation:
+        patched = generations.with_templates_recorded(patched)
     sizes.check_recorded(patched, idep.metadata.namespace, idep.metadata.uid)
     return patched + kept_jobs
 
@@ -257,7 +259,8 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         idep = entry.idep().at_generation(rollout.desired if rollout else "")
         inputs = RenderInputs.of(idep, request.by_key, rollout)
         children = memo.rendered(entry, [registered, inputs.key()], lambda: _checked_render(idep, request, inputs))
-        children = children + _kept_generations(request, rollout)
+        restored, lost = _restored(idep, request, rollout) if rollout else ([], [])
+        children = children + _kept_generations(request, rollout) + restored
         children, unregistered = withhold_unregistered(request, children)
         children, notices = keep_immutable_fields(children, request.by_key)
         answered = {(child.kind, child.name) for child in children}
@@ -274,7 +277,19 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
     changing = services_changing(idep, children, request.by_key)
 
     rollout_read = generations.RolloutRead.of(rollout, request.children) if rollout else None
-    inputs_read = status.StatusInputs.of(request.by_key, previous, notices, unregistered, changing, rollout_read)
+    missing, coming = _not_observed(request, children, rollout)
+    inputs_read = status.StatusInputs.of(
+        request.by_key,
+        previous,
+        notices,
+        unregistered,
+        changing,
+        rollout_read,
+        missing,
+        coming,
+        lost,
+        scheduling.unscheduled(request.related),
+    )
 
     def roll_up() -> tuple[RolledUp, bool]:
         clock = ReadClock(now)
@@ -296,8 +311,10 @@ def _rollout(
         return generations.digest(render_children(idep.at_generation(""), request.allows, inputs))
 
     desired = remembered(spec_generation) if idep.spec.blue_green else ""
-    rollout = generations.plan(idep.at_generation(desired), request.by_key)
-    if not idep.spec.blue_green and rollout.served <= {""}:
+    recorded = field_at(_previous_status(request), "rollout", "servingGeneration")
+    observed = request.by_key
+    rollout = generations.plan(idep.at_generation(desired), observed, recorded if isinstance(recorded, str) else None)
+    if not idep.spec.blue_green and rollout.served | generations.present(observed) <= {""}:
         return None
     generations.check_switch(rollout, request.by_key, lambda: remembered(spec_generation))
     return rollout
@@ -313,6 +330,38 @@ def _kept_generations(request: HookRequest, rollout: Rollout | None) -> list[Enc
         if generations.belongs_to_a_generation(child) and generations.generation_of(child) in rollout.kept
     ]
     return [encoded(child) for child in as_kept(kept, request.children)]
+
+
+def _restored(idep: InferaDeployment, request: HookRequest, rollout: Rollout) -> tuple[list[EncodedChild], list[str]]:
+    """The children of generations kept as applied that are gone: those this spec renders
+    exactly as their generation recorded them, to create anew, and why the others cannot be."""
+    restored: list[EncodedChild] = []
+    lost = []
+    for restoration in generations.restorations(rollout, request.by_key, idep):
+        at = idep.at_generation(restoration.generation)
+        cache = None if idep.spec.model_cache is None else "Ready"
+        inputs = RenderInputs(live_replicas(at, request.by_key), model_phase=cache, serving=restoration.generation)
+        children, gone = generations.restore(restoration, render_children(at, request.allows, inputs), rollout)
+        restored += [encoded(child) for child in children]
+        lost += [gone] if gone else []
+    return restored, lost
+
+
+def _not_observed(
+    request: HookRequest, children: list[EncodedChild], rollout: Rollout | None
+) -> tuple[list[str], list[str]]:
+    """The children of the answer that are not observed ("Kind name"): those the graph serves
+    with, and those it does not serve with yet: the incoming generation's of a rollout, and a
+    model download (the model cache's phase says where it is)."""
+    incoming = f"-{rollout.desired}" if rollout and rollout.serving != rollout.desired else None
+    missing: list[str] = []
+    coming: list[str] = []
+    for child in children:
+        if (child.kind, child.name) in request.by_key:
+            continue
+        later = child.kind == "Job" or (incoming is not None and str(child.name).endswith(incoming))
+        (coming if later else missing).append(f"{child.kind} {child.name}")
+    return missing, coming
 
 
 class ReadClock:

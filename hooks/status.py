@@ -6,16 +6,16 @@ changes status; otherwise its lastTransitionTime is carried over from the parent
 """
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from hooks import gateway_status
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import (
     AutoscalingStatus,
     Condition,
     ConditionStatus,
-    GaieStatus,
     InferaDeploymentStatus,
     ModelCacheStatus,
     ServiceStatus,
@@ -30,18 +30,17 @@ from hooks.observed import (
     as_int,
     as_object,
     current_ready,
+    listed,
     model_download,
     observed_autoscaler,
     observed_workload,
 )
+from hooks.scheduling import Unscheduled
 from hooks.vocabulary import (
-    EPP_SUFFIX,
+    NATS_SUFFIX,
     WORKLOAD_KINDS,
     child_name,
     download_job_name,
-    generation_name,
-    pool_name,
-    route_name,
     workload_kind,
 )
 
@@ -173,58 +172,6 @@ def service_statuses(idep: InferaDeployment, by_key: Observed) -> dict[str, Serv
     return statuses
 
 
-def _accepted(obj: dict[str, Any] | None) -> bool:
-    """A parent (Gateway) reports the object's current generation Accepted=True in
-    status.parents[].conditions (an older generation's verdict does not count)."""
-    parents = ((obj or {}).get("status") or {}).get("parents") or []
-    generation = as_int(((obj or {}).get("metadata") or {}).get("generation"))
-    return any(
-        c.get("type") == "Accepted"
-        and c.get("status") == "True"
-        and as_int(c.get("observedGeneration", generation)) >= generation
-        for parent in parents
-        if isinstance(parent, dict)
-        for c in parent.get("conditions") or []
-        if isinstance(c, dict)
-    )
-
-
-def _reports_conditions(obj: dict[str, Any]) -> bool:
-    return any(isinstance(p, dict) and p.get("conditions") for p in (obj.get("status") or {}).get("parents") or [])
-
-
-def gaie_status(idep: InferaDeployment, by_key: Observed) -> GaieStatus:
-    """The Inference Gateway objects as their controllers report them."""
-    epp = by_key.get(("Deployment", generation_name(idep, EPP_SUFFIX))) or {}
-    pool = by_key.get(("InferencePool", pool_name(idep)))
-    route = by_key.get(("HTTPRoute", route_name(idep)))
-    epp_replicas = as_int((epp.get("spec") or {}).get("replicas", 1))
-    epp_ready = as_int((epp.get("status") or {}).get("readyReplicas"))
-    # A pool is ready once it exists, or, when its gateway writes conditions, once Accepted.
-    pool_ready = pool is not None and (_accepted(pool) or not _reports_conditions(pool))
-    route_accepted = _accepted(route)
-    return GaieStatus(
-        epp_replicas=epp_replicas,
-        epp_ready_replicas=epp_ready,
-        inference_pool_name=pool_name(idep),
-        http_route_name=route_name(idep),
-        inference_pool_ready=pool_ready,
-        http_route_accepted=route_accepted,
-        ready=epp_ready >= 1 and pool_ready and route_accepted,
-    )
-
-
-def _gaie_waiting(status: GaieStatus) -> str | None:
-    if status.ready:
-        return None
-    parts = [f"EPP {status.epp_ready_replicas}/{status.epp_replicas} ready"]
-    if not status.inference_pool_ready:
-        parts.append(f"InferencePool {status.inference_pool_name} not accepted")
-    if not status.http_route_accepted:
-        parts.append(f"HTTPRoute {status.http_route_name} not accepted")
-    return "gateway: " + ", ".join(parts)
-
-
 def _as_read(child: dict[str, Any]) -> dict[str, Any]:
     """What the roll-up reads of an observed child: its kind and name, its generation, its
     replicas (whether set, too) and its status."""
@@ -263,6 +210,14 @@ class StatusInputs:
     changing: tuple[str, ...]
     # Under BlueGreen (or leaving it): which generations serve and exist.
     rollout: RolloutRead | None = None
+    # Children the answer holds that are not observed ("Kind name"): those the graph serves
+    # with, and those it does not serve with yet (reconcile._not_observed).
+    missing: tuple[str, ...] = ()
+    coming: tuple[str, ...] = ()
+    # Children of the serving generation that are gone and that this spec cannot make again.
+    lost: tuple[str, ...] = ()
+    # Pods no node takes (hooks.scheduling), where the request carries the graph's Pods.
+    unscheduled: tuple[Unscheduled, ...] = ()
 
     @classmethod
     def of(
@@ -273,10 +228,25 @@ class StatusInputs:
         unregistered: Sequence[str] = (),
         changing: Collection[str] = (),
         rollout: RolloutRead | None = None,
+        missing: Sequence[str] = (),
+        coming: Sequence[str] = (),
+        lost: Sequence[str] = (),
+        unscheduled: Sequence[Unscheduled] = (),
     ) -> "StatusInputs":
         observed = {key: _as_read(child) for key, child in sorted(by_key.items())}
         conditions = {"conditions": previous["conditions"]} if "conditions" in previous else {}
-        return cls(observed, conditions, tuple(notices), tuple(unregistered), tuple(sorted(changing)), rollout)
+        return cls(
+            observed,
+            conditions,
+            tuple(notices),
+            tuple(unregistered),
+            tuple(sorted(changing)),
+            rollout,
+            tuple(missing),
+            tuple(coming),
+            tuple(lost),
+            tuple(unscheduled),
+        )
 
     def key(self) -> list[Any]:
         return [
@@ -285,17 +255,57 @@ class StatusInputs:
             list(self.unregistered),
             list(self.changing),
             self.rollout.key() if self.rollout else None,
+            list(self.missing),
+            list(self.coming),
+            list(self.lost),
+            [list(astuple(pods)) for pods in self.unscheduled],
             [[kind, name, child] for (kind, name), child in self.observed.items()],
         ]
 
 
+def _children_created(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
+    """The ChildrenCreated condition: every child the answer holds exists, or which do not and
+    why they might not."""
+    absent = [*inputs.missing, *inputs.coming]
+    if inputs.lost:
+        return "False", "ServingChildrenLost", "; ".join([*inputs.lost, *([_not_created(absent)] if absent else [])])
+    if not absent:
+        return "True", "AllCreated", "every child the graph needs exists"
+    if not inputs.observed:
+        return "False", "Creating", f"creating {len(absent)} children"
+    return "False", "ChildrenMissing", _not_created(absent)
+
+
+def _not_created(names: Sequence[str]) -> str:
+    it = "it stays" if len(names) == 1 else "they stay"
+    return (
+        f"not created yet: {listed(names)} (if {it} missing, another object holds the name, which `kubectl get` "
+        "shows, or Metacontroller's create fails: its log says why, e.g. a quota or an admission policy)"
+    )
+
+
+def _broker_waiting(idep: InferaDeployment, by_key: Observed) -> str | None:
+    """The NATS broker, when the graph deploys it and its StatefulSet exists: every process
+    publishes KV events to it (and, by default, requests cross it)."""
+    broker = by_key.get(("StatefulSet", child_name(idep, NATS_SUFFIX)))
+    if not idep.spec.nats.deploy or broker is None or current_ready(broker) >= 1:
+        return None
+    return f"NATS broker {current_ready(broker)}/1 ready"
+
+
+def _unscheduled(inputs: StatusInputs, generation: str) -> list[str]:
+    return [pods.message() for pods in inputs.unscheduled if pods.generation == generation]
+
+
 def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaDeploymentStatus:
     """The status of the graph (`idep` at the spec's generation) from what was observed
-    (`inputs`): its readiness is that of the generation behind the front door."""
+    (`inputs`): its readiness is that of the generation behind the front door, with every child
+    it needs created, the broker it publishes to ready and, with GAIE, the gateway's parts."""
     by_key, previous, notices = inputs.observed, inputs.previous, inputs.notices
     unregistered, changing = inputs.unregistered, inputs.changing
     generation = idep.metadata.generation
-    rolled = rollout_status(idep, inputs.rollout, by_key, now) if inputs.rollout else None
+    incoming = _unscheduled(inputs, idep.graph_generation)
+    rolled = rollout_status(idep, inputs.rollout, by_key, now, incoming) if inputs.rollout else None
     if inputs.rollout and inputs.rollout.serving != idep.graph_generation:
         # The answer changes the incoming generation, not the one that serves.
         idep, changing = idep.at_generation(inputs.rollout.serving), ()
@@ -313,23 +323,30 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
     }
     waiting = {service: ready for service, ready in current.items() if ready < wanted[service]}
     total = len(services)
-    gateway = gaie_status(idep, by_key) if idep.spec.gaie.enabled else None
-    gateway_waiting = _gaie_waiting(gateway) if gateway else None
+    gateway = gateway_status.of(idep, by_key) if idep.spec.gaie.enabled else None
     cache = _model_cache_status(idep, model_download(idep, by_key))
     # While the weights move, the workers that wait for them are why.
     downloading = [cache.message] if cache and cache.phase == "Downloading" else []
+    # What holds readiness, each with its Ready reason, in the order the message says them.
+    blockers: list[tuple[str, str]] = []
+    if inputs.lost or inputs.missing:
+        not_created = [_not_created(inputs.missing)] if inputs.missing else []
+        blockers.append(("ChildrenMissing", "; ".join([*inputs.lost, *not_created])))
+    if waiting:
+        details = [f"{service} {ready}/{wanted[service]} ready" for service, ready in waiting.items()]
+        blockers.append(("ServicesNotReady", "; ".join([*details, f"waiting on {len(waiting)} of {total} services"])))
+    if broker := _broker_waiting(idep, by_key):
+        blockers.append(("BrokerNotReady", broker))
+    if gateway and (gateway_waiting := gateway_status.waiting(gateway)):
+        blockers.append(("GatewayNotReady", gateway_waiting))
     state: State
     if not by_key:
         state, reason = "initializing", "Initializing"
         message = "; ".join([*downloading, f"creating {total} services"])
-    elif waiting or gateway_waiting:
-        details = [*downloading, *(f"{service} {ready}/{wanted[service]} ready" for service, ready in waiting.items())]
-        if waiting:
-            details.append(f"waiting on {len(waiting)} of {total} services")
-        if gateway_waiting:
-            details.append(gateway_waiting)
-        reason = "ServicesNotReady" if waiting else "GatewayNotReady"
-        state, message = "pending", "; ".join(details)
+    elif blockers:
+        reason = blockers[0][0]
+        unscheduled = _unscheduled(inputs, idep.graph_generation)
+        state, message = "pending", "; ".join([*downloading, *(text for _, text in blockers), *unscheduled])
     else:
         state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"
     # A graph that cannot be rendered as specified is not ready, whatever still runs.
@@ -349,6 +366,7 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
     conditions = [
         _condition("Ready", *ready_condition, generation, previous, now),
         _condition("ChildKindsRegistered", *kinds_condition, generation, previous, now),
+        _condition("ChildrenCreated", *_children_created(inputs), generation, previous, now),
         _condition("SpecValid", "True", "Valid", spec_message, generation, previous, now),
     ]
     if cache:
@@ -432,6 +450,7 @@ def failed(message: str, generation: int, previous: dict[str, Any], now: Clock) 
                 now,
             ),
             *_carried_over("ChildKindsRegistered", previous),
+            *_carried_over("ChildrenCreated", previous),
             *_carried_over("ModelReady", previous),
             *_carried_over("Progressing", previous),
             _condition("SpecValid", "False", "InvalidSpec", message, generation, previous, now),

@@ -277,6 +277,8 @@ def test_switching_a_running_graph_to_blue_green_hands_over_without_mixing_code(
     assert checked_sync(mc, handover=True) == [
         ("delete", "Deployment", f"qwen-pd-{s}-{new}") for s in ("decode", "prefill", "server")
     ]
+    assert mc.parent["status"]["rollout"]["phase"] == "Draining"
+    assert checked_sync(mc) == []
     assert "rollout" not in mc.parent["status"]
     assert mc.sync() == []
 

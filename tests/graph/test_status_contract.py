@@ -38,7 +38,7 @@ def test_initializing_then_pending_then_ready(hooks) -> None:
     mc.converge()
     assert mc.parent["status"]["state"] == "pending"
     assert mc.parent["status"]["message"] == (
-        "decode 0/1 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services"
+        "decode 0/1 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services; NATS broker 0/1 ready"
     )
     assert conditions(mc.parent["status"])["Ready"]["reason"] == "ServicesNotReady"
 

@@ -73,6 +73,10 @@ class Metacontroller:
         self.registered = {
             (RESOURCE_KINDS[c["resource"]], c["apiVersion"]) for c in self.composite["spec"]["childResources"]
         }
+        # Children whose create the API server refuses (a quota, an admission policy): each
+        # attempt is counted, and the child stays missing.
+        self.refused: set[tuple[str, str]] = set()
+        self.refusals: list[tuple[str, str]] = []
 
     @property
     def uid(self) -> str:
@@ -236,6 +240,27 @@ class Metacontroller:
                     "observedGeneration": child["metadata"]["generation"],
                 }
 
+    def delete(self, kind: str, name: str, refuse: bool = False) -> dict[str, Any]:
+        """`kubectl delete` of a child; with `refuse`, its create is refused from now on."""
+        if refuse:
+            self.refused.add((kind, name))
+        return self.children.pop((kind, name))
+
+    def hold(self, kind: str, name: str, owner_uid: str = "another-owner") -> None:
+        """Another owner holds a child's name: Metacontroller neither shows that object to the
+        hook nor can create its own (AlreadyExists, which it swallows)."""
+        child = self.children.pop((kind, name), None) or {
+            "apiVersion": "v1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": self.namespace},
+        }
+        metadata = child["metadata"]
+        metadata["labels"] = {**(metadata.get("labels") or {}), "controller-uid": owner_uid}
+        metadata["ownerReferences"] = [
+            {"kind": "InferaDeployment", "name": "other", "uid": owner_uid, "controller": True}
+        ]
+        self.children[(kind, name)] = child
+
     def autoscale(self, kind: str, name: str, replicas: int) -> None:
         """The HorizontalPodAutoscaler controller resizes a workload through its /scale
         subresource: spec.replicas changes (a new generation), not by the hook."""
@@ -272,6 +297,9 @@ class Metacontroller:
             desired_keys.add(key)
             stamped = self._stamp(desired)
             existing = self.children.get(key)
+            if existing is None and key in self.refused:
+                self.refusals.append(key)  # Metacontroller logs the error; the status is still written
+                continue
             if existing is None:
                 self.children[key] = self._created(stamped)
                 self.writes.append(("create", *key))

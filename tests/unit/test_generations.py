@@ -4,6 +4,8 @@ import copy
 import json
 from typing import Any
 
+import pytest
+
 from hooks import generations
 from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION
@@ -92,3 +94,71 @@ def test_a_service_selector_with_a_key_the_hook_never_applied_is_replaced() -> N
             [encoded(service({"a": "1", "g": "y"}, None))], {("Service", "s"): stored}
         )
         assert answer == [] and len(notices) == 1 and "is being replaced" in notices[0]
+
+
+def generation(name: str, ready: bool) -> dict[tuple[str, str], dict[str, Any]]:
+    """The workloads of generation `name` of the PD graph, as observed, all ready or none."""
+    obj = parent(PD)
+    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    idep = InferaDeployment.from_parent(obj).at_generation(name)
+    observed = {}
+    for child in render_children(idep):
+        if child["kind"] != "Deployment" or child["metadata"]["name"].endswith("-nats"):
+            continue
+        child = copy.deepcopy(child)
+        count = 1 if ready else 0
+        child["metadata"]["generation"] = 1
+        child["status"] = {"observedGeneration": 1, "readyReplicas": count, "updatedReplicas": count}
+        observed[("Deployment", child["metadata"]["name"])] = child
+    return observed
+
+
+def door(selected: str | None) -> dict[tuple[str, str], dict[str, Any]]:
+    """The server's Service, selecting generation `selected` (None: deleted)."""
+    if selected is None:
+        return {}
+    labels = {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/service": "server"}
+    selector = {**labels, "infera.amd.com/generation": selected}
+    return {
+        ("Service", "qwen-pd-server"): {
+            "kind": "Service",
+            "metadata": {"name": "qwen-pd-server"},
+            "spec": {"selector": selector},
+        }
+    }
+
+
+def blue_green_pd() -> InferaDeployment:
+    obj = parent(PD)
+    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    return InferaDeployment.from_parent(obj)
+
+
+# (what is observed: generations present and whether ready, the door, the recorded serving
+# generation), the desired generation -> the generation that serves and those kept.
+PLANS = {
+    "nothing yet": ({}, None, None, "d", ("d", set())),
+    "progressing": ({"s": True, "d": False}, "s", "s", "d", ("s", {"s"})),
+    "the incoming generation is ready: the door moves": ({"s": True, "d": True}, "s", "s", "d", ("d", {"s"})),
+    "the door has moved: the old generation goes": ({"s": True, "d": True}, "d", "d", "d", ("d", set())),
+    "the door deleted": ({"s": True, "d": False}, None, "s", "d", ("s", {"s"})),
+    "the door edited to the incoming generation": ({"s": True, "d": False}, "d", "s", "d", ("s", {"s"})),
+    "the door deleted, the status lost": ({"s": True, "d": False}, None, None, "d", ("s", {"s"})),
+    "the door edited, the status lost": ({"s": True, "d": False}, "d", None, "d", ("s", {"s"})),
+    "no witness, nothing ready: the older generation": ({"s": False, "d": False}, None, None, "d", ("s", {"s"})),
+    "reverted: the incoming generation goes": ({"s": True, "d": False}, "s", "s", "s", ("s", set())),
+    "a second change replaces the incoming one": ({"s": True, "d": False}, "s", "s", "e", ("s", {"s"})),
+    "switched, then unready: back to the ready one": ({"s": True, "d": False}, "d", "d", "d", ("s", {"s"})),
+    "serving and unready, the incoming not ready": ({"s": False, "d": False}, "s", "s", "d", ("s", {"s"})),
+}
+
+
+@pytest.mark.parametrize("case", PLANS, ids=list(PLANS))
+def test_which_generation_serves_is_read_from_every_witness(case: str) -> None:
+    present, selected, recorded, desired, (serving, kept) = PLANS[case]
+    names = {"s": "1111aaaa", "d": "2222bbbb", "e": "3333cccc"}
+    observed: dict[tuple[str, str], dict[str, Any]] = door(names.get(selected or ""))
+    for short, ready in present.items():
+        observed |= generation(names[short], ready)
+    rollout = generations.plan(blue_green_pd().at_generation(names[desired]), observed, names.get(recorded or ""))
+    assert (rollout.serving, set(rollout.kept)) == (names[serving], {names[k] for k in kept})

@@ -299,8 +299,12 @@ def test_model_downloaded_previews_the_workers_on_the_cache() -> None:
     result = render(str(MODEL_CACHE), "--model-downloaded")
     assert result.returncode == 0
     assert result.stderr == (
-        "qwen-cache: pending: hf://Qwen/Qwen3-0.6B is in the model cache; decode 0/2 ready; prefill 0/1 ready; "
-        "server 0/1 ready; waiting on 3 of 3 services\n"
+        "qwen-cache: pending: hf://Qwen/Qwen3-0.6B is in the model cache; not created yet: Deployment "
+        "qwen-cache-decode, PodDisruptionBudget qwen-cache-decode, Deployment qwen-cache-prefill, "
+        "PodDisruptionBudget qwen-cache-prefill (if they stay missing, another object holds the name, which "
+        "`kubectl get` shows, or Metacontroller's create fails: its log says why, e.g. a quota or an admission "
+        "policy); decode 0/2 ready; prefill 0/1 ready; server 0/1 ready; waiting on 3 of 3 services; NATS broker "
+        "0/1 ready\n"
     )
     documents = list(yaml.safe_load_all(result.stdout))
     keys = [(child["kind"], child["metadata"]["name"]) for child in documents]

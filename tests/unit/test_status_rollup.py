@@ -40,7 +40,7 @@ def converged(idep: InferaDeployment, ready: bool = True) -> list[dict[str, Any]
     for child in render_children(idep):
         child = copy.deepcopy(child)
         child["metadata"]["generation"] = 1
-        if child["kind"] in ("Deployment", "LeaderWorkerSet"):
+        if child["kind"] in ("Deployment", "LeaderWorkerSet", "StatefulSet"):
             count = child["spec"]["replicas"] if ready else 0
             child["status"] = {
                 "observedGeneration": 1,
@@ -90,6 +90,14 @@ def test_a_ready_graph_in_wire_form() -> None:
                 "status": "True",
                 "reason": "AllRegistered",
                 "message": "every child kind the spec needs is registered",
+                "observedGeneration": 1,
+                "lastTransitionTime": STAMP,
+            },
+            {
+                "type": "ChildrenCreated",
+                "status": "True",
+                "reason": "AllCreated",
+                "message": "every child the graph needs exists",
                 "observedGeneration": 1,
                 "lastTransitionTime": STAMP,
             },
@@ -202,7 +210,12 @@ def test_a_failed_spec_keeps_the_registration_verdict_and_bounds_its_message() -
     validate_status(rolled)
     assert rolled["state"] == "failed"
     assert len(rolled["message"]) < status.MAX_MESSAGE and rolled["message"].endswith("(2992 more characters)")
-    assert [c["type"] for c in rolled["conditions"]] == ["Ready", "ChildKindsRegistered", "SpecValid"]
+    assert [c["type"] for c in rolled["conditions"]] == [
+        "Ready",
+        "ChildKindsRegistered",
+        "ChildrenCreated",
+        "SpecValid",
+    ]
     assert by_type(rolled)["ChildKindsRegistered"] == registered
     assert by_type(rolled)["Ready"]["status"] == "Unknown"
 

@@ -1,0 +1,67 @@
+"""Why a graph's pods wait to be scheduled, in the scheduler's own words.
+
+Read from the Pods the customize hook asks Metacontroller for, and kept apart from the status
+roll-up, which only words what this finds: whether Metacontroller keeps watching Pods for us is a
+question of its cost, and without that watch there is simply nothing to read here.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from hooks.contract import field_at
+from hooks.observed import MAX_QUOTED_MESSAGE
+from hooks.vocabulary import GENERATION_LABEL, SERVICE_LABEL
+
+# PodScheduled=False reasons that mean the pod waits for room (or for a gate a queue controller
+# such as Kueue lifts), rather than being on its way to a node.
+WAITING_REASONS = ("Unschedulable", "SchedulingGated")
+
+
+@dataclass(frozen=True, order=True)
+class Unscheduled:
+    """The pods of one service (of one generation) that no node takes."""
+
+    service: str
+    generation: str  # "" outside BlueGreen
+    pods: int
+    reason: str  # what the scheduler says of the first of them by name
+
+    def message(self) -> str:
+        pods = "1 pod" if self.pods == 1 else f"{self.pods} pods"
+        return f"{self.service}: {pods} unschedulable: {self.reason}"
+
+
+def _waiting_reason(pod: dict[str, Any]) -> str | None:
+    conditions = field_at(pod, "status", "conditions")
+    for condition in conditions if isinstance(conditions, list) else []:
+        if (
+            isinstance(condition, dict)
+            and condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") in WAITING_REASONS
+        ):
+            # One line, however the scheduler wrapped it, and short: it may list every node.
+            text = " ".join(str(condition.get("message") or condition["reason"]).split())
+            return text[:MAX_QUOTED_MESSAGE]
+    return None
+
+
+def unscheduled(pods: Iterable[dict[str, Any]]) -> tuple[Unscheduled, ...]:
+    """The graph's pods (related objects of any kind are passed over) that wait for a node, by
+    service and generation. A pod being deleted waits for nothing."""
+    found: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for pod in pods:
+        if pod.get("kind") != "Pod" or field_at(pod, "metadata", "deletionTimestamp") is not None:
+            continue
+        reason = _waiting_reason(pod)
+        service = field_at(pod, "metadata", "labels", SERVICE_LABEL)
+        if reason is None or not isinstance(service, str):
+            continue
+        generation = field_at(pod, "metadata", "labels", GENERATION_LABEL)
+        key = (service, generation if isinstance(generation, str) else "")
+        found.setdefault(key, []).append((str(field_at(pod, "metadata", "name")), reason))
+    return tuple(
+        Unscheduled(service, generation, len(waiting), min(waiting)[1])
+        for (service, generation), waiting in sorted(found.items())
+    )
