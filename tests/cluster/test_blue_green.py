@@ -20,9 +20,9 @@ import pytest
 
 from hooks.vocabulary import GENERATION_LABEL
 from tests.cluster.test_graphs import columns, driver_writes, eventually, get
-from tests.support.cluster import NODE_NAMES, Cluster, graph_namespace
-from tests.support.localcluster import METACONTROLLER_USER, Installed, installed_bundle
-from tests.support.prerequisites import REPO, need_schemas
+from tests.support.cluster import NODE_NAMES, Cluster
+from tests.support.localcluster import METACONTROLLER_USER, Installed
+from tests.support.prerequisites import REPO
 from tests.support.requests import load_yaml
 
 NAME = "qwen-bg"
@@ -30,20 +30,6 @@ SERVICES = ("decode", "prefill", "server")
 FRONT_DOOR = f"{NAME}-server"
 NEW_IMAGE = "rocm/infera:sglang-v0.1.2"
 IDEPS = "/apis/infera.amd.com/v1alpha1/namespaces/{namespace}/inferadeployments"
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    with installed_bundle(tmp_path_factory.mktemp("blue-green"), need_schemas()) as installed:
-        yield installed
-    assert installed.driver is not None and installed.driver.errors == []
-
-
-@pytest.fixture
-def namespace(installed: Installed, request: pytest.FixtureRequest) -> Iterator[str]:
-    """The test's own namespace, emptied as test_graphs.py's example_namespace empties one."""
-    with graph_namespace(installed.cluster, str(request.param)) as namespace:
-        yield namespace
 
 
 def deployments_of(generation: str) -> set[str]:

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import importlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -32,22 +33,15 @@ from tests.support.composite_driver import LAST_APPLIED, RESOURCES
 from tests.support.e2e import sandbox
 from tests.support.e2e.graphs import mixed
 from tests.support.e2e.tokenizer import build_tokenizer
-from tests.support.localcluster import COMPONENTS, CONTROLLER, METACONTROLLER_USER, Installed, installed_bundle
+from tests.support.localcluster import COMPONENTS, CONTROLLER, METACONTROLLER_USER, Installed
 from tests.support.metrics_api import running_metrics_api
-from tests.support.prerequisites import REPO, SHARED, need_runtime, need_schemas
+from tests.support.prerequisites import REPO, SHARED, need_runtime
 from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 GPU = ("amd.com/gpu", "nvidia.com/gpu")
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    with installed_bundle(tmp_path_factory.mktemp("graphs"), need_schemas()) as installed:
-        yield installed
-    assert installed.driver.errors == []
 
 
 def eventually(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
@@ -107,11 +101,12 @@ def columns(cluster: Cluster, namespace: str, name: str, output: str = "") -> di
     listed = cluster.kubectl("get", "-n", namespace, "idep", name, *(["-o", output] if output else []))
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    starts = [header.index(title) for title in header.split()] + [len(row) + 1]
+    titles = list(re.finditer(r"\S+", header))  # by position: AGE is also within MESSAGE
+    starts = [title.start() for title in titles] + [len(row) + 1]
     return {
-        title: row[start:end].strip()
-        for title, start, end in zip(header.split(), starts, starts[1:], strict=False)
-        if title != "AGE"
+        title.group(): row[start:end].strip()
+        for title, start, end in zip(titles, starts, starts[1:], strict=False)
+        if title.group() != "AGE"
     }
 
 

@@ -6,10 +6,12 @@ driver plays its part with the simulator's apply semantics (tests/support/simula
 reads the CompositeController as `kubectl apply -k` installed it (hook URLs, child kinds,
 update strategies), adds the finalizer, claims children by the generated selector, asks the
 customize hook for related Pods, calls the sync or finalize hook over HTTP, creates children
-with a controller reference and the last-applied annotation, updates one only when the 3-way
-merge differs from what the API server stores (compared with Go's types: 1 and 1.0 differ),
-deletes the ones the answer leaves out (background propagation, UID precondition), writes the
-status subresource only when it changed, and removes the finalizer once finalized.
+with a controller reference and the last-applied annotation, deletes the ones the answer
+leaves out (background propagation, UID precondition) before it creates or updates the others,
+updates one only when the 3-way merge differs from what the API server stores (compared with
+Go's types: 1 and 1.0 differ), tries every write though one fails, writes the status
+subresource only when it changed (whatever the writes did), and removes the finalizer once
+finalized.
 
 What only the real program could show stays unproven here: its informer cache and work queue,
 its rate limits, ETag reuse and its own error handling.
@@ -121,8 +123,16 @@ class CompositeDriver:
             remaining = [name for name in finalizers if name != self.finalizer]
             self._write("update", parent, {**parent["metadata"], "finalizers": remaining})
             return
-        self._apply(composite, parent, children, answer["children"])
+        # As Metacontroller: a child it cannot write (a quota, an admission policy) fails the sync
+        # after the others were tried, and the status is written regardless.
+        replies = self._apply(composite, parent, children, answer["children"])
         self._write_status(parent, answer["status"])
+        if any(reply.status_code == 429 for reply in replies):
+            raise Retry("a child's write was refused for now")
+        if replies:
+            raise RuntimeError(
+                "; ".join(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text}" for r in replies)
+            )
 
     def _claimed(self, composite: dict[str, Any], parent: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Children labelled with the parent's uid that it owns, or that nobody owns (adopted)."""
@@ -185,53 +195,66 @@ class CompositeDriver:
         parent: dict[str, Any],
         observed: list[dict[str, Any]],
         desired_children: list[dict[str, Any]],
-    ) -> None:
+    ) -> list[httpx.Response]:
+        """Deletes the observed children the answer leaves out, then creates or updates the
+        others, as Metacontroller's ManageChildren does: every write is tried; the replies of
+        those that failed are returned."""
         strategies = {
             RESOURCE_KINDS[c["resource"]]: (c.get("updateStrategy") or {}).get("method", "OnDelete")
             for c in composite["spec"]["childResources"]
         }
         by_key = {(child["kind"], child["metadata"]["name"]): child for child in observed}
         namespace, uid = parent["metadata"]["namespace"], parent["metadata"]["uid"]
-        desired_keys = set()
+        stamped_children = []
         for desired in desired_children:
             stamped = copy.deepcopy(desired)
             stamped["metadata"].setdefault("namespace", namespace)
             stamped["metadata"].setdefault("labels", {}).setdefault("controller-uid", uid)
-            key = (stamped["kind"], stamped["metadata"]["name"])
-            desired_keys.add(key)
-            existing = by_key.get(key)
-            if existing is None:
-                self._create(parent, stamped)
-                continue
-            if "deletionTimestamp" in existing["metadata"] or strategies[stamped["kind"]] != "InPlace":
-                continue
-            last_applied = json.loads((existing["metadata"].get("annotations") or {}).get(LAST_APPLIED, "{}"))
-            merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
-            merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
-            if not same(merged, existing):
-                self.writes.append(("update", *key))
-                self.changes.append((*key, jsonpatch.make_patch(existing, merged).patch))
-                reply = self.api.put(self._path(merged), json=merged)
-                if reply.status_code not in (404, 409):  # gone or changed since listed: next sync
-                    self._checked(reply)
+            stamped_children.append(stamped)
+        desired_keys = {(stamped["kind"], stamped["metadata"]["name"]) for stamped in stamped_children}
+        failures: list[httpx.Response] = []
         for key in sorted(set(by_key) - desired_keys):
             child = by_key[key]
             self.writes.append(("delete", *key))
             options = {"propagationPolicy": "Background", "preconditions": {"uid": child["metadata"]["uid"]}}
             reply = self.api.request("DELETE", self._path(child), json=options)
-            if reply.status_code != 404:
-                self._checked(reply)
+            if reply.is_error and reply.status_code != 404:
+                failures.append(reply)
+        for stamped in stamped_children:
+            key = (stamped["kind"], stamped["metadata"]["name"])
+            existing = by_key.get(key)
+            if existing is None:
+                reply = self._create(parent, stamped)
+            elif "deletionTimestamp" in existing["metadata"] or strategies[stamped["kind"]] != "InPlace":
+                continue
+            else:
+                reply = self._update(existing, stamped)
+            # Gone, changed since listed (the next sync sees it) or someone else's (which
+            # Metacontroller lets be): not a failure.
+            if reply is not None and reply.is_error and reply.status_code not in (404, 409):
+                failures.append(reply)
+        return failures
 
-    def _create(self, parent: dict[str, Any], stamped: dict[str, Any]) -> None:
+    def _update(self, existing: dict[str, Any], stamped: dict[str, Any]) -> httpx.Response | None:
+        """The 3-way merge of what is stored, last applied and desired, written if it differs."""
+        key = (stamped["kind"], stamped["metadata"]["name"])
+        last_applied = json.loads((existing["metadata"].get("annotations") or {}).get(LAST_APPLIED, "{}"))
+        merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
+        merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
+        if same(merged, existing):
+            return None
+        self.writes.append(("update", *key))
+        self.changes.append((*key, jsonpatch.make_patch(existing, merged).patch))
+        return self.api.put(self._path(merged), json=merged)
+
+    def _create(self, parent: dict[str, Any], stamped: dict[str, Any]) -> httpx.Response:
         created = copy.deepcopy(stamped)
         metadata = created["metadata"]
         metadata.setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
         metadata["ownerReferences"] = [*(metadata.get("ownerReferences") or []), self._owner_reference(parent)]
         self.writes.append(("create", created["kind"], metadata["name"]))
         path = self._path(created).rsplit("/", 1)[0]
-        reply = self.api.post(path, json=created)
-        if reply.status_code != 409:  # AlreadyExists: someone else's, and Metacontroller lets it be
-            self._checked(reply)
+        return self.api.post(path, json=created)
 
     def _write_status(self, parent: dict[str, Any], status: dict[str, Any]) -> None:
         new = {**status, "observedGeneration": parent["metadata"]["generation"]}
