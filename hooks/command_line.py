@@ -15,14 +15,15 @@ UNRESOLVED = re.compile(r"\$(\(|\{|\w|@|\*)")
 REFERENCE = re.compile(r"\$\$|\$\(([^)]*)\)")
 
 
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The value argparse would see for `flag` (the last occurrence wins)."""
+def flag_value(args: list[str], flag: str, shortest: str | None = None) -> str | None:
+    """The value argparse would see for `flag` (the last occurrence wins), given as `--flag value`
+    or `--flag=value`; with `shortest`, also under any prefix of the flag from it on (argparse's
+    abbreviations, where no other option of the parser shares that prefix)."""
     value = None
     for index, arg in enumerate(args):
-        if arg == flag:
-            value = args[index + 1] if index + 1 < len(args) else ""
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
+        name, equals, rest = arg.partition("=")
+        if name == flag or (shortest is not None and name.startswith(shortest) and flag.startswith(name)):
+            value = rest if equals else args[index + 1] if index + 1 < len(args) else ""
     return value
 
 
@@ -62,15 +63,40 @@ def process_words(container: dict[str, Any]) -> list[str] | None:
     return words
 
 
+def commands(words: list[str]) -> list[list[str]]:
+    """The commands of a script's words, split at the shell's separators."""
+    split: list[list[str]] = [[]]
+    for word in words:
+        if word in SHELL_SEPARATORS:
+            split.append([])
+        else:
+            split[-1].append(word)
+    return split
+
+
 def command_of(words: list[str]) -> list[str]:
     """The words up to the first shell separator: one command of a script."""
-    return words[: next((i for i, word in enumerate(words) if word in SHELL_SEPARATORS), len(words))]
+    return commands(words)[0]
+
+
+def opaque_word(argv: list[str]) -> str | None:
+    """The first word the hook cannot expand that stands where a flag could: then what the
+    command lacks is unknown (a flag's value may be unknowable without hiding a flag)."""
+    return next(
+        (
+            word
+            for i, word in enumerate(argv)
+            if UNRESOLVED.search(word) and not (i and argv[i - 1].startswith("--") and "=" not in argv[i - 1])
+        ),
+        None,
+    )
 
 
 def opaque(argv: list[str]) -> bool:
-    """Whether a word the hook cannot expand stands where a flag could: then what the command
-    lacks is unknown (a flag's value may be unknowable without hiding a flag)."""
-    return any(
-        UNRESOLVED.search(word) and not (i and argv[i - 1].startswith("--") and "=" not in argv[i - 1])
-        for i, word in enumerate(argv)
-    )
+    return opaque_word(argv) is not None
+
+
+def substituted(text: str, values: dict[str, str]) -> str:
+    """A word or script with the variables the hook knows put in, kubelet's `$(VAR)` and the
+    shell's `$VAR` alike: what it may say, for finding which spec field says something."""
+    return SHELL_VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), expand(text, values))

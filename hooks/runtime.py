@@ -89,6 +89,11 @@ STARTUP_SLACK_SECONDS = 300
 STARTUP_PERIOD_SECONDS = 10
 
 DRAIN_ENV = "INFERA_DRAIN_TIMEOUT"
+# What a router watches workers with: the flag, else the variable (its default). The routers'
+# parsers take any unambiguous prefix of a flag for it (argparse's allow_abbrev), and
+# --k8s-namespace shares "--k8s-": every prefix from "--k8s-l" on is the selector.
+SELECTOR_FLAG = "--k8s-label-selector"
+SELECTOR_ABBREVIATION = "--k8s-l"
 SELECTOR_ENV = "INFERA_K8S_LABEL_SELECTOR"
 NATS_ENV = "NATS_SERVER"
 
@@ -115,7 +120,7 @@ def discovery_flags(idep: InferaDeployment, process: Process) -> list[str]:
         flags = ["--discovery-backend", "etcd", "--etcd-endpoint", idep.spec.etcd_endpoint or ""]
         return flags + (["--advertise-host", "$(POD_IP)"] if process == Process.WORKER else [])
     flags = ["--discovery-backend", "kubernetes"]
-    return flags + (["--k8s-label-selector", graph_selector(idep)] if process in ROUTERS else [])
+    return flags + ([SELECTOR_FLAG, graph_selector(idep)] if process in ROUTERS else [])
 
 
 def transport_flags(idep: InferaDeployment, process: Process) -> list[str]:
@@ -247,6 +252,13 @@ class EntryPoint:
 
     def named(self, variable: str) -> bool:
         return self.env_from or any(var.get("name") == variable for var in self.env)
+
+    def label_selector(self) -> str | None:
+        """The label selector a router watches workers with, as its parser reads it: the flag in
+        any spelling it takes (the last wins), else the variable written out; None when unknown."""
+        value = flag_value(self.argv, SELECTOR_FLAG, SELECTOR_ABBREVIATION)
+        value = literal_values(self.env).get(SELECTOR_ENV) if value is None else value
+        return value if value is not None and "$" not in value else None
 
 
 def entry_point(container: dict[str, Any]) -> EntryPoint | None:

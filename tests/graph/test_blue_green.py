@@ -5,6 +5,7 @@ graph has served, the generation behind the front door has every pool ready."""
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -489,3 +490,260 @@ def test_deleting_a_graph_mid_rollout_tears_down_both_generations_in_order(hooks
         if not mc.finalize():
             mc.pods_finish_draining()
     assert mc.children == {}
+
+
+# --- the routers' label selector is the hook's ---------------------------------------------------
+
+WHOLE_GRAPH = "infera.amd.com/deployment=qwen-pd"
+WHOLE_GAIE = "infera.amd.com/deployment=qwen-gaie"
+TOKENIZER = ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
+SECRET_ENV = {"name": "ROUTER_FLAGS", "valueFrom": {"secretKeyRef": {"name": "router", "key": "flags"}}}
+Change = Callable[[dict[str, Any]], None]
+
+
+def owned(name: str) -> str:
+    return (
+        f"under rollout.strategy BlueGreen it is the hook's (infera.amd.com/deployment={name},"
+        "infera.amd.com/generation=<generation> for each generation's routers), and with another a router would see "
+        "workers of other generations"
+    )
+
+
+def server_args(*words: str) -> Change:
+    return lambda spec: spec["services"]["server"]["args"].extend(words)
+
+
+def template(service: str, *containers: dict[str, Any]) -> Change:
+    return lambda spec: spec["services"][service].update(extraPodSpec={"containers": list(containers)})
+
+
+def patch(name: str, *operations: dict[str, Any]) -> Change:
+    return lambda spec: spec.update(
+        patches=[{"target": {"kind": "Deployment", "name": name}, "patch": list(operations)}]
+    )
+
+
+SERVER = "/spec/template/spec/containers/0"
+FRONTEND = {"name": "infera-frontend", "image": "rocm/infera:sglang-v0.1.1"}
+FRONTEND_COMMAND = ["python3", "-m", "infera.server", "--router-mode", "direct", *TOKENIZER]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A way a spec sets a router's label selector: the change, the spec field the refusal names,
+    the container it sets it in, how (the flag or the variable), and whether the router would read
+    it (else the hook's flag, which wins over the variable, or its own value is read)."""
+
+    change: Change
+    field: str
+    container: str
+    how: str
+    read: bool = True
+
+
+# Every way a spec can set a router's selector.
+SELECTOR_SETTINGS: dict[str, Setting] = {
+    "server args": Setting(
+        server_args(SELECTOR_FLAG, WHOLE_GRAPH), "spec.services.server.args[4]", "infera", SELECTOR_FLAG
+    ),
+    "server args, --flag=value": Setting(
+        server_args(f"{SELECTOR_FLAG}={WHOLE_GRAPH}"),
+        "spec.services.server.args[4]",
+        "infera",
+        SELECTOR_FLAG,
+    ),
+    # The routers' parsers take any unambiguous prefix of a flag.
+    "server args, abbreviated": Setting(
+        server_args("--k8s-l", WHOLE_GRAPH),
+        "spec.services.server.args[4]",
+        "infera",
+        SELECTOR_FLAG,
+    ),
+    "server args, abbreviated=": Setting(
+        server_args("--router-policy", "round-robin", f"--k8s-label={WHOLE_GRAPH}"),
+        "spec.services.server.args[6]",
+        "infera",
+        SELECTOR_FLAG,
+    ),
+    # Even the hook's own value: the selector is not the spec's to write.
+    "server args, the hook's own value": Setting(
+        server_args(f"{SELECTOR_FLAG}=$({SELECTOR_ENV})"),
+        "spec.services.server.args[4]",
+        "infera",
+        SELECTOR_FLAG,
+        read=False,
+    ),
+    "server env": Setting(
+        lambda spec: spec["services"]["server"].update(env=[{"name": SELECTOR_ENV, "value": WHOLE_GRAPH}]),
+        "spec.services.server.env[0]",
+        "infera",
+        SELECTOR_ENV,
+        read=False,
+    ),
+    "extraPodSpec args": Setting(
+        template("server", {"name": "infera", "args": [*TOKENIZER, SELECTOR_FLAG, WHOLE_GRAPH]}),
+        "spec.services.server.extraPodSpec.containers[0].args",
+        "infera",
+        SELECTOR_FLAG,
+    ),
+    "extraPodSpec command": Setting(
+        template(
+            "server",
+            {
+                "name": "main",
+                "command": ["python3", "-m", "infera.server", *TOKENIZER, f"--k8s-label-sel={WHOLE_GRAPH}"],
+            },
+        ),
+        "spec.services.server.extraPodSpec.containers[0].command",
+        "main",
+        SELECTOR_FLAG,
+    ),
+    # A variable the shell splits into words.
+    "extraPodSpec sh -c": Setting(
+        template(
+            "server",
+            {
+                "name": "main",
+                "command": ["/bin/sh", "-c", 'exec python3 -m infera.server "$@" $SELECT', "--", *TOKENIZER],
+                "env": [{"name": "SELECT", "value": f"{SELECTOR_FLAG} {WHOLE_GRAPH}"}],
+            },
+        ),
+        "spec.services.server.extraPodSpec.containers[0].command",
+        "main",
+        SELECTOR_FLAG,
+    ),
+    "extraPodSpec sh -c, the variable": Setting(
+        template(
+            "server",
+            {
+                "name": "main",
+                "command": ["sh", "-c", f'{SELECTOR_ENV}={WHOLE_GRAPH} exec python3 -m infera.server "$@"', "sh"],
+                "args": TOKENIZER,
+            },
+        ),
+        "spec.services.server.extraPodSpec.containers[0].command",
+        "main",
+        SELECTOR_ENV,
+    ),
+    "extraPodSpec env": Setting(
+        template("server", {"name": "infera", "env": [{"name": SELECTOR_ENV, "value": WHOLE_GRAPH}]}),
+        "spec.services.server.extraPodSpec.containers[0].env[0]",
+        "infera",
+        SELECTOR_ENV,
+        read=False,
+    ),
+    "extraPodSpec env from a Secret": Setting(
+        template(
+            "server", {"name": "infera", "env": [{"name": "X", "value": "1"}, {**SECRET_ENV, "name": SELECTOR_ENV}]}
+        ),
+        "spec.services.server.extraPodSpec.containers[0].env[1]",
+        "infera",
+        SELECTOR_ENV,
+        read=False,
+    ),
+    "a patch appending the flag": Setting(
+        patch("qwen-pd-server", {"op": "add", "path": f"{SERVER}/args/-", "value": f"{SELECTOR_FLAG}={WHOLE_GRAPH}"}),
+        "patches[0] (Deployment qwen-pd-server)",
+        "infera",
+        SELECTOR_FLAG,
+    ),
+    "a patch replacing the flag's value": Setting(
+        patch("qwen-pd-server", {"op": "replace", "path": f"{SERVER}/command/10", "value": WHOLE_GRAPH}),
+        "patches[0] (Deployment qwen-pd-server)",
+        "infera",
+        SELECTOR_FLAG,
+    ),
+    "a patch replacing the variable": Setting(
+        patch("qwen-pd-server", {"op": "replace", "path": f"{SERVER}/env/5/value", "value": WHOLE_GRAPH}),
+        "patches[0] (Deployment qwen-pd-server)",
+        "infera",
+        SELECTOR_ENV,
+        read=False,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def serving_pd(hooks) -> Metacontroller:
+    return serving(Metacontroller(hooks, blue_green(PD)))
+
+
+@pytest.mark.parametrize("case", SELECTOR_SETTINGS)
+def test_a_selector_the_spec_sets_is_refused_naming_its_field(serving_pd: Metacontroller, case: str) -> None:
+    setting = SELECTOR_SETTINGS[case]
+    assert serving_pd.refusal(setting.change) == (
+        f"{setting.field}: sets the label selector of container {setting.container} ({setting.how}): "
+        f"{owned('qwen-pd')}: remove it"
+    )
+
+
+def test_spec_envs_may_not_name_the_selector(serving_pd: Metacontroller) -> None:
+    envs = [{"name": "LOG_LEVEL", "value": "info"}, {"name": SELECTOR_ENV, "value": WHOLE_GRAPH}]
+    assert serving_pd.refusal(lambda spec: spec.update(envs=envs)) == (
+        f"spec.envs[1]: sets the label selector of every router ({SELECTOR_ENV}): {owned('qwen-pd')}: remove it"
+    )
+
+
+def test_a_router_flag_the_hook_cannot_read_is_refused(serving_pd: Metacontroller) -> None:
+    def secret_flags(spec: dict[str, Any]) -> None:
+        spec["services"]["server"]["args"].append("$(ROUTER_FLAGS)")
+        spec["services"]["server"]["env"] = [SECRET_ENV]
+
+    assert serving_pd.refusal(secret_flags) == (
+        "spec.services.server.args[4]: the hook cannot tell which label selector container infera watches "
+        f"($(ROUTER_FLAGS) may hold any flag): {owned('qwen-pd')}: write the router's flags out"
+    )
+
+
+def test_a_selector_set_mid_rollout_keeps_both_generations(serving_pd: Metacontroller) -> None:
+    mc = copy.deepcopy(serving_pd)
+    mc.edit(new_image)
+    checked_sync(mc)
+    assert mc.parent["status"]["rollout"]["phase"] == "Progressing"
+    message = mc.refusal(server_args(SELECTOR_FLAG, WHOLE_GRAPH))
+    assert message.startswith("spec.services.server.args[4]: sets the label selector of container infera")
+
+
+@pytest.fixture(scope="module")
+def serving_gaie(hooks) -> Metacontroller:
+    return serving(Metacontroller(hooks, blue_green(GAIE_PD), composite=controller("gaie")))
+
+
+GATEWAY_SELECTOR_SETTINGS: dict[str, tuple[Change, str]] = {
+    "a patch on the Endpoint Picker": (
+        patch(
+            "qwen-gaie-epp", {"op": "add", "path": f"{SERVER}/command/-", "value": f"--k8s-label-selector={WHOLE_GAIE}"}
+        ),
+        f"patches[0] (Deployment qwen-gaie-epp): sets the label selector of container epp ({SELECTOR_FLAG})",
+    ),
+    "a template's own frontend": (
+        template("decode", {"name": "main"}, {**FRONTEND, "command": [*FRONTEND_COMMAND, f"--k8s-l={WHOLE_GAIE}"]}),
+        "spec.services.decode.extraPodSpec.containers[1].command: sets the label selector of container "
+        f"infera-frontend ({SELECTOR_FLAG})",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GATEWAY_SELECTOR_SETTINGS)
+def test_the_gateway_routers_selector_is_the_hooks(serving_gaie: Metacontroller, case: str) -> None:
+    change, said = GATEWAY_SELECTOR_SETTINGS[case]
+    assert serving_gaie.refusal(change) == f"{said}: {owned('qwen-gaie')}: remove it"
+
+
+def test_a_router_container_the_hook_gives_no_selector_is_refused(serving_gaie: Metacontroller) -> None:
+    """A template's own frontend replaces the hook's, whose variable it then lacks: it could only
+    read a selector from envFrom, or none."""
+    frontend = {**FRONTEND, "command": FRONTEND_COMMAND, "envFrom": [{"configMapRef": {"name": "router"}}]}
+    assert serving_gaie.refusal(template("decode", {"name": "main"}, frontend)) == (
+        "spec.services.decode.extraPodSpec.containers[1]: container infera-frontend runs infera.server without the "
+        "label selector the hook gives a router (a container of a template's own, or patched, gets none): "
+        f"{owned('qwen-gaie')}: leave the router's container to the hook"
+    )
+
+
+def test_outside_blue_green_a_broader_selector_stays_the_users_choice(hooks) -> None:
+    doc = load_yaml(PD)[0]
+    doc["spec"]["services"]["server"]["args"] += [f"--k8s-l={WHOLE_GRAPH}"]
+    mc = Metacontroller(hooks, doc)
+    mc.converge()
+    assert mc.parent["status"]["state"] != "failed", mc.parent["status"]["message"]

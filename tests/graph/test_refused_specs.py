@@ -326,3 +326,22 @@ def test_a_patched_statefulset_mounts_its_claim_templates(hooks: HookClient) -> 
     answer = hooks.sync(obj)
     assert answer["status"]["state"] != "failed", answer["status"]["message"]
     assert children_by_key(answer)[("StatefulSet", "qwen-pd-nats")]["spec"]["minReadySeconds"] == 5
+
+
+# The routers' parsers take the selector flag abbreviated and keep its last value.
+NARROW_SELECTORS = {
+    "abbreviated": ["--k8s-l", "app=x"],
+    "abbreviated=": ["--k8s-label=app=x"],
+    "the last of two": ["--k8s-label-selector", "infera.amd.com/deployment=qwen-pd", "--k8s-label-sel", "app=x"],
+}
+
+
+@pytest.mark.parametrize("case", NARROW_SELECTORS)
+def test_a_selector_that_misses_the_workers_is_read_as_the_router_reads_it(
+    converged: Metacontroller, case: str
+) -> None:
+    message = converged.refusal(lambda spec: spec["services"]["server"]["args"].extend(NARROW_SELECTORS[case]))
+    assert message == (
+        "spec.services.server (infera): its label selector 'app=x' misses the graph's worker pods, so it would "
+        "never see them register: use infera.amd.com/deployment=qwen-pd"
+    )

@@ -26,24 +26,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.graph.test_blue_green import SELECTOR_SETTINGS, WHOLE_GRAPH
 from tests.support import kubelet, runtime
 from tests.support.prerequisites import REPO, need_upstream
-from tests.support.requests import PD, as_vllm, controller_for, parent, request_body, upstream_corpus, vllm_worker_args
+from tests.support.requests import (
+    PD,
+    as_vllm,
+    controller_for,
+    load_yaml,
+    parent,
+    request_body,
+    upstream_corpus,
+    vllm_worker_args,
+)
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 ROUTER_MODULES = (runtime.SERVER, runtime.EPP)
 WORKER_MODULES = (runtime.SGLANG, runtime.VLLM)
+GENERATION = "infera.amd.com/generation"
 # Addresses a process can bind so that its probes, its Service and its peers reach it.
 REACHABLE_BINDS = ("0.0.0.0", "::", "")
 
 
-def process_argv(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
-    """The Infera module a container starts and its arguments, as python3 receives them (after a
-    wrapper such as infera-exec, or run by the real shell for `sh -c`)."""
-    for started in kubelet.python_argvs(argv, env):
+def process_argv(argv: list[str], env: dict[str, str]) -> tuple[str, list[str], dict[str, str]] | None:
+    """The Infera module a container starts, its arguments and environment, as python3 receives
+    them (after a wrapper such as infera-exec, or run by the real shell for `sh -c`)."""
+    for started, started_env in kubelet.python_processes(argv, env):
         for index in range(len(started) - 1):
             if started[index] == "-m" and started[index + 1] in runtime.PARSERS:
-                return started[index + 1], started[index + 2 :]
+                return started[index + 1], started[index + 2 :], started_env
     return None
 
 
@@ -98,12 +109,13 @@ class Graph:
                 if found is None:
                     continue
                 self.running.add(pod.facts.name)
+                module, argv, started_env = found
                 try:
-                    parsed = runtime.parse(*found, env)
+                    parsed = runtime.parse(module, argv, started_env)
                 except runtime.Refused as refused:
                     self.problems.append(f"{pod.owner} container {container['name']}: {refused}")
                     continue
-                self.processes.append(Started(pod, container, *found, parsed, env))
+                self.processes.append(Started(pod, container, module, argv, parsed, started_env))
 
     def fail(self, process: Started, problem: str) -> None:
         self.problems.append(f"{process.where}: {problem}")
@@ -137,12 +149,27 @@ class Graph:
             return f"nats://{name}:4222"
         return None
 
-    def worker_pods(self) -> list[kubelet.Pod]:
-        return [pod for pod in self.pods if pod.labels.get("infera.amd.com/component") == "worker"]
+    def worker_pods(self, router: Started | None = None) -> list[kubelet.Pod]:
+        """The worker pods; with a router under BlueGreen, those of its generation."""
+        generation = router.pod.labels.get(GENERATION) if router and self.blue_green else None
+        return [
+            pod
+            for pod in self.pods
+            if pod.labels.get("infera.amd.com/component") == "worker"
+            and (generation is None or pod.labels.get(GENERATION) == generation)
+        ]
+
+    def generation_selector(self, router: Started) -> dict[str, str]:
+        return {"infera.amd.com/deployment": self.name, GENERATION: router.pod.labels.get(GENERATION, "")}
 
     def pool_port(self) -> int | None:
-        pool = self.by_key.get(("InferencePool", f"{self.name}-pool"))
-        return pool["spec"]["targetPorts"][0]["number"] if pool else None
+        """The target port of the InferencePool (one per generation under BlueGreen: the same port)."""
+        ports = {c["spec"]["targetPorts"][0]["number"] for c in self.children if c["kind"] == "InferencePool"}
+        return ports.pop() if len(ports) == 1 else None
+
+    @property
+    def blue_green(self) -> bool:
+        return (self.spec.get("rollout") or {}).get("strategy") == "BlueGreen"
 
     # --- the checks ----------------------------------------------------------------------------
 
@@ -223,8 +250,11 @@ class Graph:
         selector = dict(part.split("=", 1) for part in (args.k8s_label_selector or "").split(",") if "=" in part)
         if not selector:
             self.fail(process, "--discovery-backend=kubernetes without a label selector: exits at start-up")
-        elif not all(selector.items() <= pod.labels.items() for pod in self.worker_pods()):
+        elif not all(selector.items() <= pod.labels.items() for pod in self.worker_pods(process)):
             self.fail(process, f"selector {args.k8s_label_selector!r} misses worker pods")
+        elif self.blue_green and selector != self.generation_selector(process):
+            # Under BlueGreen a router must see the workers of its own generation and no other.
+            self.fail(process, f"selector {args.k8s_label_selector!r} is not its generation's")
         if not {"list", "watch"} <= verbs:
             self.fail(process, "its account may not list and watch pods")
         # The scaling API reads its own Pod for its InferaDeployment's name, then reads and
@@ -801,3 +831,71 @@ def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict
     status = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))["status"]
     problems = Graph(idep, render_children(InferaDeployment.from_parent(idep))).check()
     assert (status["state"] != "failed") == (problems == []), (status["message"], problems)
+
+
+# --- BlueGreen: every router watches its own generation, and only the hook says so ------------
+
+
+def as_blue_green(idep: dict[str, Any]) -> dict[str, Any]:
+    idep["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    return idep
+
+
+def routers_on_their_generation(graph: Graph) -> None:
+    routers = [process for process in graph.processes if process.module in ROUTER_MODULES]
+    assert routers, "no router in the graph"
+    for router in routers:
+        generation = router.pod.labels[GENERATION]
+        assert router.args.k8s_label_selector == f"infera.amd.com/deployment={graph.name},{GENERATION}={generation}"
+
+
+KUBERNETES_EXAMPLES = [path for path in EXAMPLES if parent(path)["spec"].get("discoveryBackend") != "etcd"]
+
+
+@pytest.mark.parametrize("path", KUBERNETES_EXAMPLES, ids=[path.name for path in KUBERNETES_EXAMPLES])
+def test_every_example_under_blue_green_starts_with_its_routers_on_their_generation(hooks, path) -> None:
+    routers_on_their_generation(assert_starts(hooks, as_blue_green(parent(path))))
+
+
+@settings(max_examples=30)
+@given(idep=graphs().filter(lambda idep: idep["spec"].get("discoveryBackend") != "etcd"))
+def test_generated_graphs_under_blue_green_start_with_their_routers_on_their_generation(hooks, idep) -> None:
+    """Templates of the upstream operator's kind (plain, infera-exec, sh -c) say no selector: the
+    hook's variable gives each router its generation's."""
+    graph = rendered_graph(hooks, as_blue_green(idep))
+    assert graph.check() == []
+    routers_on_their_generation(graph)
+
+
+@pytest.mark.parametrize("case", SELECTOR_SETTINGS)
+def test_each_way_a_spec_sets_the_selector_is_what_the_router_would_read(case: str) -> None:
+    """The graph rendered without the hook's checks, under the runtime's parser (and the real
+    shell): each setting the hook refuses under BlueGreen is read by the router, unless the hook's
+    own flag wins over it; then the router watches the graph whole, every generation."""
+    from hooks.api.graph import InferaDeployment
+    from hooks.reconcile import render_children
+
+    runtime.need_runtime()
+    idep = parent(as_blue_green(load_yaml(PD)[0]))
+    setting = SELECTOR_SETTINGS[case]
+    setting.change(idep["spec"])
+    graph = Graph(idep, render_children(InferaDeployment.from_parent(idep).at_generation("g1")))
+    (server,) = [process for process in graph.processes if process.module == runtime.SERVER]
+    own = f"infera.amd.com/deployment=qwen-pd,{GENERATION}=g1"
+    assert server.args.k8s_label_selector == (WHOLE_GRAPH if setting.read else own)
+    broken = f"selector {WHOLE_GRAPH!r} is not its generation's"
+    assert any(broken in problem for problem in graph.check()) == setting.read
+
+
+@pytest.mark.parametrize("module", ROUTER_MODULES)
+def test_the_routers_take_the_selector_flag_abbreviated_from_the_hooks_shortest_prefix(module: str) -> None:
+    """argparse's allow_abbrev: the hook reads every prefix from SELECTOR_ABBREVIATION on as the
+    flag, and the one shorter is ambiguous (--k8s-namespace)."""
+    from hooks.runtime import SELECTOR_ABBREVIATION, SELECTOR_FLAG
+
+    required = ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]
+    for length in range(len(SELECTOR_ABBREVIATION), len(SELECTOR_FLAG) + 1):
+        for argv in ([SELECTOR_FLAG[:length], "a=b"], [f"{SELECTOR_FLAG[:length]}=a=b"]):
+            assert runtime.parse(module, required + argv, {}).k8s_label_selector == "a=b", argv
+    with pytest.raises(runtime.Refused, match="ambiguous option"):
+        runtime.parse(module, [*required, SELECTOR_ABBREVIATION[:-1], "a=b"], {})

@@ -121,16 +121,21 @@ def container_argv(container: dict[str, Any], env: dict[str, str]) -> list[str]:
 
 
 SHELLS = ("sh", "bash", "dash", "ash")
-# Stands for python3 on a shell's PATH: records the argv it is started with, one JSON line each.
-RECORDER = f"#!{sys.executable}\nimport json, os, sys\nopen(os.environ['ARGV_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+# Stands for python3 on a shell's PATH: records the argv and environment it is started with, one
+# JSON line each.
+RECORDER = (
+    f"#!{sys.executable}\nimport json, os, sys\n"
+    "open(os.environ['ARGV_LOG'], 'a').write(json.dumps([sys.argv[1:], dict(os.environ)]) + '\\n')\n"
+)
 
 
-def python_argvs(argv: list[str], env: dict[str, str]) -> list[list[str]]:
-    """The arguments `python3` gets when kubelet starts `argv`: for `sh -c '<script>' ...` the
-    real shell runs the script (with `python3` recording its arguments instead of running), so
-    quoting, variables, `"$@"` and `exec` are the shell's own; otherwise `argv` itself."""
+def python_processes(argv: list[str], env: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    """The arguments and environment `python3` gets when kubelet starts `argv` under `env`: for
+    `sh -c '<script>' ...` the real shell runs the script (with `python3` recording instead of
+    running), so quoting, variables, `"$@"`, `exec` and what the script exports are the shell's
+    own; otherwise `argv` itself."""
     if not (len(argv) >= 2 and argv[0].rsplit("/", 1)[-1] in SHELLS):
-        return [argv]
+        return [(argv, env)]
     with tempfile.TemporaryDirectory() as scratch:
         stub = Path(scratch) / "python3"
         stub.write_text(RECORDER)
@@ -147,7 +152,12 @@ def python_argvs(argv: list[str], env: dict[str, str]) -> list[list[str]]:
             timeout=10,
             check=False,
         )
-        return [["python3", *json.loads(line)] for line in log.read_text().splitlines()]
+        started = []
+        for line in log.read_text().splitlines():
+            args, recorded = json.loads(line)
+            recorded = {key: value for key, value in recorded.items() if key not in ("PATH", "ARGV_LOG")}
+            started.append((["python3", *args], recorded | ({"PATH": env["PATH"]} if "PATH" in env else {})))
+        return started
 
 
 @dataclass(frozen=True)
