@@ -211,12 +211,12 @@ class Name:
     def regex(self, graph: str, services: list[str]) -> re.Pattern[str]:
         """What the names of this graph's children of this name match."""
         parts = [
-            ("|".join(map(re.escape, services)) if part == SERVICE else PLACEHOLDERS[part].regex)
+            (f"(?:{'|'.join(map(re.escape, services))})" if part == SERVICE else PLACEHOLDERS[part].regex)
             if part in PLACEHOLDERS
             else re.escape(part)
             for part in re.split(f"({PLACEHOLDER.pattern})", self.template)
         ]
-        return re.compile(f"{re.escape(graph)}-(?:{''.join(parts)})")
+        return re.compile(f"{re.escape(graph)}-{''.join(parts)}")
 
 
 LWS_CONTROLLER = "the LeaderWorkerSet controller"

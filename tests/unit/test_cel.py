@@ -141,7 +141,12 @@ def vllm_prefill_without_args(obj: dict) -> None:
 CASES = [
     ("etcd without endpoint", spec_change(discoveryBackend="etcd"), rules.ETCD_ENDPOINT_RULE),
     ("gaie without image", gaie_without_image, rules.GAIE_IMAGE_RULE),
-    ("gaie name over 58", gaie_with_long_name, length_rule("pool", names.WITH_GAIE)),
+    (
+        # The picker's <name>-epp would fit: its InferencePool's is a character longer.
+        "gaie pool name over 63",
+        lambda obj: (gaie_with_long_name(obj), rename("g" * 59)(obj)),
+        length_rule("pool", names.WITH_GAIE),
+    ),
     ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), rules.GAIE_REQUIRED_RULE),
     ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), rules.GAIE_REQUIRED_RULE),
     ("role on a server", service_change("server", role="prefill"), rules.SERVER_ROLE_RULE),
