@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hooks.kubernetes_names import DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX
@@ -62,8 +62,8 @@ KIND_LIMITS = {
     ),
     "StatefulSet": Limit(
         MAX_SET_NAME,
-        f"its pods carry the label controller-revision-hash, <name>-<hash of up to 10 characters>, "
-        f"and a label value is at most {DNS_LABEL_MAX} characters",
+        "its pods carry it in the label controller-revision-hash with '-' and a hash of up to 10 "
+        f"characters, at most {DNS_LABEL_MAX} in all",
     ),
     "LeaderWorkerSet": DNS_SUBDOMAIN,
     "Job": Limit(DNS_LABEL_MAX, f"its pods carry it as their job-name label, at most {DNS_LABEL_MAX} characters"),
@@ -145,24 +145,21 @@ BLUE_GREEN_GAIE = When(
 
 @dataclass(frozen=True)
 class Placeholder:
-    """A part of a name that varies: as a pattern shows it, the most characters it takes (0: the
-    service name's, counted apart), what it matches, and what it is."""
+    """A part of a name that varies: as a pattern shows it, the most characters it takes, what
+    it matches and what it is (a service's name is counted, and matched, apart)."""
 
     shown: str
-    width: int
-    regex: str
-    words: str
+    width: int = 0
+    regex: str = ""
+    words: str = ""
 
 
 SERVICE = "{service}"
+HEXADECIMAL = Placeholder("", DIGEST_LENGTH, f"[0-9a-f]{{{DIGEST_LENGTH}}}", f"{DIGEST_LENGTH} hexadecimal digits")
 PLACEHOLDERS = {
-    SERVICE: Placeholder("<service>", 0, "[a-z]([-a-z0-9]*[a-z0-9])?", "a service's name"),
-    "{generation}": Placeholder(
-        "<generation>", DIGEST_LENGTH, f"[0-9a-f]{{{DIGEST_LENGTH}}}", f"{DIGEST_LENGTH} hexadecimal digits"
-    ),
-    "{digest}": Placeholder(
-        "<digest>", DIGEST_LENGTH, f"[0-9a-f]{{{DIGEST_LENGTH}}}", f"{DIGEST_LENGTH} hexadecimal digits"
-    ),
+    SERVICE: Placeholder("<service>"),
+    "{generation}": replace(HEXADECIMAL, shown="<generation>"),
+    "{digest}": replace(HEXADECIMAL, shown="<digest>"),
     "{group}": Placeholder("<group>", len(str(MAX_GROUPS - 1)), "[0-9]+", "a number"),
 }
 PLACEHOLDER = re.compile("|".join(re.escape(placeholder) for placeholder in PLACEHOLDERS))
@@ -423,29 +420,35 @@ class ClaimRule:
 
 def _claim_rules() -> tuple[ClaimRule, ...]:
     """A rule for each end of a name that a service's own children could arrive at with a kind
-    they have, unless the end of another rule's ends it."""
+    they have, unless it ends in a shorter such end."""
     services = [name for name in NAMES if name.template == SERVICE]
-    rules: list[ClaimRule] = []
+    candidates = []
     for other in NAMES:
         if other.template == SERVICE:
             continue
-        tail = other.template.removeprefix(SERVICE) if other.per_service else f"-{other.template}"
         owners = [own for own in services if set(own.kinds) & set(other.kinds)]
         if not owners:
             continue
+        tail = other.template.removeprefix(SERVICE) if other.per_service else f"-{other.template}"
         kinds = tuple(kind for kind in other.kinds if any(kind in own.kinds for own in owners))
-        # The services that have such children: all, when a name of every service's has the kind.
+        # Every service has such children when a name every service has is of one of the kinds.
         when = next((own.when for own in owners if not own.when.service_cel), owners[0].when)
-        if any(tail.endswith(rule.tail) and rule.when in (when, ALWAYS) for rule in rules):
-            continue
-        rules.append(ClaimRule(tail, other, kinds, when))
+        candidates.append(ClaimRule(tail, other, kinds, when))
+    rules: list[ClaimRule] = []
+    for rule in sorted(candidates, key=lambda candidate: len(candidate.tail)):
+        if not any(rule.tail.endswith(kept.tail) and kept.when in (rule.when, ALWAYS) for kept in rules):
+            rules.append(rule)
     return tuple(rules)
 
 
 CLAIM_RULES = _claim_rules()
 
 
+# In the order the hook checks them, and the CRD lists them.
+RULES: tuple[ClaimRule | LengthRule, ...] = (*CLAIM_RULES, *LENGTH_RULES)
+
+
 def problems(graph: str, spec: InferaDeploymentSpec) -> Iterator[str]:
     """Why the graph's names break a rule of the table, each in the words of its CEL twin."""
-    for rule in (*CLAIM_RULES, *LENGTH_RULES):
+    for rule in RULES:
         yield from rule.problems(graph, spec)

@@ -8,7 +8,8 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from hooks.api.names import CLAIM_RULES, LENGTH_RULES, MAX_GROUPS
+from hooks.api.names import MAX_GROUPS
+from hooks.api.names import RULES as NAME_RULES
 from hooks.kubernetes_names import DNS_LABEL, shown
 from hooks.vocabulary import MODELS_SUFFIX
 
@@ -151,7 +152,7 @@ ROOT_VALIDATIONS = [
     # metadata.name is at most 253 characters, which bounds this rule's cost.
     cel(f"self.metadata.name.matches('{DNS_LABEL.pattern}')", PARENT_NAME_RULE),
     cel(f"!has(self.spec.modelCache) || !('{MODELS_SUFFIX}' in self.spec.services)", MODELS_NAME_RULE),
-    *(rule.validation() for rule in (*CLAIM_RULES, *LENGTH_RULES)),
+    *(rule.validation() for rule in NAME_RULES),
 ]
 
 
