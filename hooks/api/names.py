@@ -294,6 +294,11 @@ def cel_string(text: str) -> str:
     return json.dumps(text)
 
 
+# Where the API server says a rule on the services' names failed (on the whole object, where the
+# rules are, it would say <nil>).
+SERVICES = ".spec.services"
+
+
 def _cel_guard(cel: str) -> str:
     return f"!({cel}) || " if cel else ""
 
@@ -325,11 +330,10 @@ class LengthRule:
     def validation(self) -> dict[str, str]:
         guard = _cel_guard(self.name.when.cel)
         fits = f"size(self.metadata.name) + {self.name.extra}"
-        if self.name.per_service:
-            rule = f"self.spec.services.all(s, {guard}{fits} + size(s) <= {self.name.limit})"
-        else:
-            rule = f"{guard}{fits} <= {self.name.limit}"
-        return {"rule": rule, "message": self.message}
+        if not self.name.per_service:
+            return {"rule": f"{guard}{fits} <= {self.name.limit}", "message": self.message}
+        rule = f"self.spec.services.all(s, {guard}{fits} + size(s) <= {self.name.limit})"
+        return {"rule": rule, "message": self.message, "fieldPath": SERVICES}
 
     def problems(self, graph: str, spec: InferaDeploymentSpec) -> Iterator[str]:
         if not self.name.when.graph(spec):
@@ -410,6 +414,7 @@ class ClaimRule:
             "rule": f"self.spec.services.all(s, {_cel_guard(self.when.service_cel)}!{matches})",
             "message": self.message("<metadata.name>", "<service>"),
             "messageExpression": " + ".join(expressions.get(piece) or cel_string(piece) for piece in pieces if piece),
+            "fieldPath": SERVICES,
         }
 
     def problems(self, graph: str, spec: InferaDeploymentSpec) -> Iterator[str]:

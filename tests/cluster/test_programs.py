@@ -110,6 +110,7 @@ def with_gateway(name: str) -> dict[str, Any]:
     obj["metadata"] |= {"name": name, "namespace": "default"}
     obj["spec"] |= {"nats": {"deploy": False}, "rollout": {"strategy": "BlueGreen"}}
     obj["spec"]["gaie"] = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
+    obj["spec"]["services"] = {"a": {"componentType": "worker"}, "b": {"componentType": "server"}}
     return obj
 
 
@@ -122,14 +123,17 @@ def test_the_real_api_server_holds_names_to_the_names_table_in_the_hooks_words(c
     (generation,) = [rule for rule in names.CLAIM_RULES if rule.tail == "-{generation}"]
     (pool,) = [rule for rule in names.LENGTH_RULES if rule.name.template == "pool-{generation}"]
     refusals = [
-        (with_service("b-nats"), f'<nil>: Invalid value: "object": {nats.message("qwen-pd", "b-nats")}'),
-        (with_service("deadbeef"), f'<nil>: Invalid value: "object": {generation.message("qwen-pd", "deadbeef")}'),
+        (with_service("b-nats"), f"spec.services: Invalid value: {nats.message('qwen-pd', 'b-nats')}"),
+        (
+            with_service("deadbeef"),
+            f"spec.services: Invalid value: {generation.message('qwen-pd', 'deadbeef')}",
+        ),
         (
             with_service("wide", numberOfNodes=1_000_000_000),
-            "spec.services[wide].numberOfNodes: Invalid value: 1000000000: spec.services[wide].numberOfNodes in "
+            "spec.services.wide.numberOfNodes: Invalid value: 1000000000: spec.services.wide.numberOfNodes in "
             "body should be less than or equal to 64",
         ),
-        (with_gateway("g" * 50), f'<nil>: Invalid value: "object": {pool.message}'),
+        (with_gateway("g" * 50), f"<nil>: Invalid value: {pool.message}"),
     ]
     for obj, error in refusals:
         refused = kubectl_run(kubectl, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
