@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hooks.api import names, rules
 from hooks.kubernetes_names import DNS_LABEL
 from hooks.vocabulary import CHILD_KINDS
-from tests.support.requests import PD, parent
+from tests.support.requests import PD, controller, parent
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
 from tests.support.specs import QUEUE_METRICS, graphs_with_every_child
@@ -178,7 +178,8 @@ def test_no_graph_can_give_its_child_the_kind_and_name_of_another_graphs(hooks: 
 
 @pytest.fixture(scope="module")
 def converged(hooks: HookClient) -> Metacontroller:
-    mc = Metacontroller(hooks, parent(PD))
+    """qwen-pd running, under a controller that may create LeaderWorkerSets."""
+    mc = Metacontroller(hooks, parent(PD), composite=controller("lws"))
     mc.converge()
     return mc
 
