@@ -5,6 +5,9 @@ import re
 from typing import Any
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The most characters of a DNS label (and of a label value), and of a DNS subdomain.
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Gateway API's hostname: lower-case DNS names, optionally with a leading wildcard label.
 HOSTNAME = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

@@ -33,18 +33,24 @@ GAIE_FRONTEND_LABEL = "infera.amd.com/gaie-frontend"
 # routers and Endpoint Picker see only workers that carry their own generation.
 GENERATION_LABEL = "infera.amd.com/generation"
 
-# Suffixes of the plumbing children; a service of the same name would collide with them.
+# Suffixes of the plumbing children (hooks/api/names.py holds every name, its limit, and the
+# service names that would collide with one).
 NATS_SUFFIX = "nats"
 # The routers' discovery identity; the workers' registration identity is part of it (its service
 # label), so needs no reserved service name.
 DISCOVERY_SUFFIX = "disc"
 REGISTRATION_SUFFIX = "register"
 EPP_SUFFIX = "epp"
+# The InferencePool's, and the HTTPRoute's.
+POOL_SUFFIX = "pool"
+ROUTE_SUFFIX = "route"
 # The PodMonitor's.
 METRICS_SUFFIX = "metrics"
 # The model cache's claim, and the service label of its claim and download Jobs.
 MODELS_SUFFIX = "models"
-# Characters of the download Job's name taken by the source's digest.
+# The download Jobs', each <idep>-download-<digest of its source>.
+DOWNLOAD_SUFFIX = "download"
+# Characters of a digest in a name: the download Job's source, a BlueGreen generation's.
 DIGEST_LENGTH = 8
 # The volume of the model cache's claim, in the download Job and in every worker pod.
 MODEL_VOLUME = "model-cache"
@@ -92,16 +98,16 @@ def generation_metadata(idep: Graph, service: str) -> dict:
 
 def download_job_name(idep: Graph, digest: str) -> str:
     """The Job that downloads the source with this digest into the model cache."""
-    return child_name(idep, f"download-{digest}")
+    return child_name(idep, f"{DOWNLOAD_SUFFIX}-{digest}")
 
 
 def pool_name(idep: Graph) -> str:
     """The InferencePool of the generation being rendered."""
-    return generation_name(idep, "pool")
+    return generation_name(idep, POOL_SUFFIX)
 
 
 def route_name(idep: Graph) -> str:
-    return child_name(idep, "route")
+    return child_name(idep, ROUTE_SUFFIX)
 
 
 # The kinds a service's pods run under.

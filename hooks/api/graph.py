@@ -21,30 +21,20 @@ from pydantic_core import ErrorDetails
 from hooks.api.env import EnvVar
 from hooks.api.fields import ApiModel, ImageReference, SpecError
 from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, MonitoringSpec, NatsSpec, RolloutSpec
+from hooks.api.names import problems as name_problems
 from hooks.api.network import NetworkPolicySpec
 from hooks.api.rules import (
     BLUE_GREEN_DISCOVERY_RULE,
     BLUE_GREEN_FRONT_DOOR_RULE,
-    BLUE_GREEN_NAME_RULE,
-    CHILD_NAME_RULE,
     ETCD_ENDPOINT_RULE,
     GAIE_IMAGE_RULE,
-    GAIE_NAME_RULE,
     GAIE_REQUIRED_RULE,
-    GENERATION_SUFFIX,
     IMAGE_RULE,
-    MAX_CHILD_NAME,
-    MAX_LWS_NAME,
-    MAX_MODEL_CACHE_NAME,
     MAX_PATCH_OPERATIONS,
     MAX_PATCHES,
     MAX_SERVICES,
-    MAX_SET_NAME,
     MODEL_CACHE_IMAGE_RULE,
-    MODEL_CACHE_NAME_RULE,
     MODELS_NAME_RULE,
-    MULTINODE_NAME_RULE,
-    NATS_NAME_RULE,
     ONE_WORKER_RULE,
     PARENT_NAME_RULE,
     RESERVED_NAMES_RULE,
@@ -54,7 +44,7 @@ from hooks.api.rules import (
     with_validations,
 )
 from hooks.api.services import ServiceSpec
-from hooks.kubernetes_names import DNS_LABEL, MAX_ANNOTATIONS_BYTES, annotations_bytes
+from hooks.kubernetes_names import DNS_LABEL, DNS_LABEL_MAX, MAX_ANNOTATIONS_BYTES, annotations_bytes
 from hooks.vocabulary import MODELS_SUFFIX
 
 GROUP = "infera.amd.com"
@@ -236,7 +226,7 @@ class ParentMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    name: Annotated[str, Field(min_length=1, max_length=MAX_CHILD_NAME)]
+    name: Annotated[str, Field(min_length=1, max_length=DNS_LABEL_MAX)]
 
     @field_validator("name")
     @classmethod
@@ -279,27 +269,11 @@ class InferaDeployment(BaseModel):
             raise SpecError(f"invalid spec: {'; '.join(problems)}") from None
 
     @model_validator(mode="after")
-    def _name_lengths(self) -> "InferaDeployment":
-        for service, svc in sorted(self.spec.services.items()):
-            child = f"{self.name}-{service}"
-            if len(child) > MAX_CHILD_NAME:
-                raise ValueError(f"{CHILD_NAME_RULE} ({child} has {len(child)})")
-            if svc.number_of_nodes > 1 and len(child) > MAX_LWS_NAME:
-                raise ValueError(f"{MULTINODE_NAME_RULE} ({child} has {len(child)})")
-        if self.spec.nats.deploy and len(self.name) + len("-nats") > MAX_SET_NAME:
-            raise ValueError(NATS_NAME_RULE)
-        if self.spec.gaie.enabled and len(self.name) + len("-epp") > MAX_CHILD_NAME:
-            raise ValueError(GAIE_NAME_RULE)
-        if self.spec.model_cache is not None and len(self.name) > MAX_MODEL_CACHE_NAME:
-            raise ValueError(MODEL_CACHE_NAME_RULE)
-        if self.spec.blue_green:
-            names = [(f"{self.name}-{service}", svc.number_of_nodes > 1) for service, svc in self.spec.services.items()]
-            if self.spec.gaie.enabled:
-                names.append((f"{self.name}-epp", False))
-            for child, multinode in sorted(names):
-                longest = (MAX_LWS_NAME if multinode else MAX_CHILD_NAME) - GENERATION_SUFFIX
-                if len(child) > longest:
-                    raise ValueError(f"{BLUE_GREEN_NAME_RULE} ({child} has {len(child)})")
+    def _names(self) -> "InferaDeployment":
+        """Every name the graph's children get fits its kind's limit, and none is another graph's
+        (hooks/api/names.py)."""
+        for problem in name_problems(self.name, self.spec):
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

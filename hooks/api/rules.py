@@ -8,8 +8,10 @@ from typing import Any
 
 from pydantic import ConfigDict
 
+from hooks.api.names import MAX_GROUPS
+from hooks.api.names import RULES as NAME_RULES
 from hooks.kubernetes_names import DNS_LABEL, shown
-from hooks.vocabulary import DIGEST_LENGTH, MODELS_SUFFIX
+from hooks.vocabulary import MODELS_SUFFIX
 
 # The worker wrappers (infera.engine.<backend>.worker) give up on their engine after this many seconds.
 READY_TIMEOUT_ENV = "INFERA_ENGINE_READY_TIMEOUT"
@@ -39,14 +41,8 @@ def ready_timeout_problem(raw: str) -> str | None:
     )
 
 
-# Children are named <idep>-<service>. Services (and the label values derived from names) are
-# DNS-1035 labels of at most 63 characters; StatefulSet and LeaderWorkerSet pods also carry a
-# controller-revision-hash label `<name>-<hash>` that must fit in 63, so those names stay <= 52.
-MAX_CHILD_NAME = 63
-MAX_SET_NAME = 52
-# A LeaderWorkerSet names each group's StatefulSet <name>-<group index>; leave room for 4 digits.
-MAX_LWS_NAME = MAX_SET_NAME - len("-9999")
-# Suffixes of the operator's own children: a service with one of these names would collide.
+# What the operator's own children are named after: a service of one of these names would have
+# their names (and their service label). hooks/api/names.py keeps other graphs' children apart.
 RESERVED_SERVICE_NAMES = ("nats", "disc", "epp")
 MAX_SERVICES = 256
 # spec.patches: bounded so that applying all of them (in place) takes well under a second.
@@ -60,20 +56,25 @@ GAIE_REQUIRED_RULE = "gaie.tokenizerPath and gaie.gatewayName are required when 
 SERVER_ROLE_RULE = "role applies to workers only: remove role from a server (or set it to mixed)"
 SERVER_GPU_RULE = "resources.gpu applies to workers only: the server (router) runs without a GPU"
 SERVER_NODES_RULE = "numberOfNodes applies to workers only: a server runs on one node (scale it with replicas)"
+# A multi-node service's group is one LeaderWorkerSet gang: it runs only once all of its pods are
+# scheduled, each on a node of its own, and is recreated whole when one of them fails. Real ones
+# span a few nodes, a rack at the most (docs/api.md); a bound well beyond them keeps a typo from
+# replacing a running pool with a group that never schedules.
+MAX_NODES = 64
+NODES_RULE = (
+    f"numberOfNodes must be at most {MAX_NODES}: a multi-node group is scheduled and restarted as one, and "
+    "serves only once a node is free for each of its pods"
+)
+GROUPS_RULE = (
+    f"replicas (and autoscaling.maxReplicas) must be at most {MAX_GROUPS} for a multi-node service: the "
+    "LeaderWorkerSet controller names each group's StatefulSet <LeaderWorkerSet>-<group>, and the name leaves "
+    f"room for {len(str(MAX_GROUPS - 1))} digits"
+)
 SERVER_RDMA_RULE = "rdma applies to workers only: the server (router) moves no KV cache"
 SERVER_HOST_BOOT_RULE = "hostBoot applies to workers only: a server's pods never mount the node's /boot"
 ONE_WORKER_RULE = "services must contain at least one worker (componentType: worker)"
 RESERVED_NAMES_RULE = (
     "service names nats, disc and epp are reserved for the operator's own children: rename the service"
-)
-CHILD_NAME_RULE = (
-    f"<metadata.name>-<service> must be at most {MAX_CHILD_NAME} characters (it names the service's "
-    "children): shorten the InferaDeployment or the service name"
-)
-MULTINODE_NAME_RULE = (
-    f"<metadata.name>-<service> must be at most {MAX_LWS_NAME} characters for a multi-node service (each "
-    "group's StatefulSet <name>-<group> must leave room for its pods' revision-hash label): shorten the "
-    "InferaDeployment or the service name"
 )
 PARENT_NAME_RULE = (
     "metadata.name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): "
@@ -81,10 +82,6 @@ PARENT_NAME_RULE = (
 )
 
 IMAGE_RULE = "every service needs an image: set spec.image or services.<name>.image"
-GAIE_NAME_RULE = (
-    f"metadata.name must be at most {MAX_CHILD_NAME - len('-epp')} characters while gaie.enabled is true "
-    f"(the Endpoint Picker Service <metadata.name>-epp must fit in {MAX_CHILD_NAME})"
-)
 GAIE_IMAGE_RULE = (
     "gaie.enabled needs an image for the Endpoint Picker and frontend sidecar: set gaie.eppImage or spec.image"
 )
@@ -96,11 +93,6 @@ MODEL_SOURCE = re.compile(
     r"hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9][A-Za-z0-9._/-]*))?"
 )
 
-MAX_MODEL_CACHE_NAME = MAX_CHILD_NAME - len("-download-") - DIGEST_LENGTH
-MODEL_CACHE_NAME_RULE = (
-    f"metadata.name must be at most {MAX_MODEL_CACHE_NAME} characters while modelCache is set (the download "
-    f"Job <metadata.name>-download-<digest> names its pods' job-name label, at most {MAX_CHILD_NAME})"
-)
 MODELS_NAME_RULE = "service name models is reserved while modelCache is set (the model cache's own children)"
 # Where the cache would hide what the engine needs: GPU devices, the kernel's files, the image's
 # programs and libraries, the runtime's sockets, the scratch space engines write (/tmp) and the
@@ -141,21 +133,6 @@ NATS_TOKEN_DEPLOY_RULE = (
     "nats.tokenSecretRef applies to the managed broker: remove it, or set nats.deploy to true (a broker of your "
     "own takes its token in NATS_SERVER, from spec.envs)"
 )
-NATS_NAME_RULE = (
-    f"metadata.name must be at most {MAX_SET_NAME - len('-nats')} characters while nats.deploy is true "
-    f"(the NATS StatefulSet <metadata.name>-nats must fit in {MAX_SET_NAME})"
-)
-
-
-# Under BlueGreen a generation's workloads, Endpoint Picker and InferencePool are named
-# <name>-<generation>: the generation's digest takes this many more characters.
-GENERATION_SUFFIX = len("-") + DIGEST_LENGTH
-BLUE_GREEN_NAME_RULE = (
-    f"<metadata.name>-<service> must be at most {MAX_CHILD_NAME - GENERATION_SUFFIX} characters "
-    f"({MAX_LWS_NAME - GENERATION_SUFFIX} for a multi-node service, and <metadata.name>-epp as much with "
-    "gaie.enabled) while rollout.strategy is BlueGreen: each generation's children are named "
-    "<metadata.name>-<service>-<generation>; shorten the InferaDeployment or the service name"
-)
 BLUE_GREEN_DISCOVERY_RULE = (
     "rollout.strategy BlueGreen keeps generations apart by the label selector routers find workers with: "
     "it needs discoveryBackend kubernetes"
@@ -171,32 +148,11 @@ def cel(rule: str, message: str) -> dict[str, str]:
 
 
 # Rules on the whole object: only there can CEL see metadata.name next to the spec.
-GAIE_ON = "has(self.spec.gaie) && has(self.spec.gaie.enabled) && self.spec.gaie.enabled"
-BLUE_GREEN = "has(self.spec.rollout) && has(self.spec.rollout.strategy) && self.spec.rollout.strategy == 'BlueGreen'"
 ROOT_VALIDATIONS = [
     # metadata.name is at most 253 characters, which bounds this rule's cost.
     cel(f"self.metadata.name.matches('{DNS_LABEL.pattern}')", PARENT_NAME_RULE),
-    cel(f"self.spec.services.all(s, size(self.metadata.name) + 1 + size(s) <= {MAX_CHILD_NAME})", CHILD_NAME_RULE),
-    cel(
-        "self.spec.services.all(s, !has(self.spec.services[s].numberOfNodes) || "
-        f"self.spec.services[s].numberOfNodes <= 1 || size(self.metadata.name) + 1 + size(s) <= {MAX_LWS_NAME})",
-        MULTINODE_NAME_RULE,
-    ),
-    cel(
-        "(has(self.spec.nats) && has(self.spec.nats.deploy) && !self.spec.nats.deploy) || "
-        f"size(self.metadata.name) + {len('-nats')} <= {MAX_SET_NAME}",
-        NATS_NAME_RULE,
-    ),
-    cel(f"!({GAIE_ON}) || size(self.metadata.name) + {len('-epp')} <= {MAX_CHILD_NAME}", GAIE_NAME_RULE),
-    cel(f"!has(self.spec.modelCache) || size(self.metadata.name) <= {MAX_MODEL_CACHE_NAME}", MODEL_CACHE_NAME_RULE),
     cel(f"!has(self.spec.modelCache) || !('{MODELS_SUFFIX}' in self.spec.services)", MODELS_NAME_RULE),
-    cel(
-        f"!({BLUE_GREEN}) || (self.spec.services.all(s, size(self.metadata.name) + 1 + size(s) + "
-        f"{GENERATION_SUFFIX} <= ((has(self.spec.services[s].numberOfNodes) && "
-        f"self.spec.services[s].numberOfNodes > 1) ? {MAX_LWS_NAME} : {MAX_CHILD_NAME})) && "
-        f"(!({GAIE_ON}) || size(self.metadata.name) + {len('-epp') + GENERATION_SUFFIX} <= {MAX_CHILD_NAME}))",
-        BLUE_GREEN_NAME_RULE,
-    ),
+    *(rule.validation() for rule in NAME_RULES),
 ]
 
 

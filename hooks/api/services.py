@@ -7,8 +7,12 @@ from pydantic import Field, field_validator, model_validator
 
 from hooks.api.env import EnvVar
 from hooks.api.fields import SHALLOW, ApiModel, ImageReference, MaxUnavailable, Quantity, open_object, primary_index
+from hooks.api.names import MAX_GROUPS
 from hooks.api.rules import (
     AUTOSCALING_RANGE_RULE,
+    GROUPS_RULE,
+    MAX_NODES,
+    NODES_RULE,
     SERVER_GPU_RULE,
     SERVER_HOST_BOOT_RULE,
     SERVER_NODES_RULE,
@@ -107,6 +111,11 @@ class ServiceSpec(ApiModel):
         cel("self.componentType == 'worker' || !has(self.numberOfNodes) || self.numberOfNodes == 1", SERVER_NODES_RULE),
         cel("self.componentType == 'worker' || !has(self.rdma) || !self.rdma", SERVER_RDMA_RULE),
         cel("self.componentType == 'worker' || !has(self.hostBoot) || self.hostBoot", SERVER_HOST_BOOT_RULE),
+        cel(
+            f"!has(self.numberOfNodes) || self.numberOfNodes == 1 || ((!has(self.replicas) || self.replicas <= "
+            f"{MAX_GROUPS}) && (!has(self.autoscaling) || self.autoscaling.maxReplicas <= {MAX_GROUPS}))",
+            GROUPS_RULE,
+        ),
     )
 
     # maxLength bounds the CEL cost estimate of rules comparing these strings.
@@ -116,8 +125,8 @@ class ServiceSpec(ApiModel):
     """Disaggregation role of a worker pool."""
     replicas: Annotated[int, Field(ge=0, le=INT32_MAX)] = 1
     """Pods (single-node) or groups (multi-node)."""
-    number_of_nodes: Annotated[int, Field(ge=1, le=INT32_MAX)] = 1
-    """Nodes per replica. 1: a Deployment; more: a LeaderWorkerSet spanning that many nodes."""
+    number_of_nodes: Annotated[int, Field(ge=1, json_schema_extra={"maximum": MAX_NODES})] = 1
+    """Nodes per replica, at most 64. 1: a Deployment; more: a LeaderWorkerSet spanning that many nodes."""
     image: ImageReference | None = None
     """Container image of this service; defaults to spec.image."""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
@@ -158,6 +167,14 @@ class ServiceSpec(ApiModel):
     """The PodDisruptionBudget of the service's pods. On by default for worker pools, and for
     servers that keep more than one replica; maxUnavailable defaults to 1."""
 
+    @field_validator("number_of_nodes")
+    @classmethod
+    def _nodes(cls, nodes: int) -> int:
+        # Here rather than as le=: pydantic's words would not say why.
+        if nodes > MAX_NODES:
+            raise ValueError(NODES_RULE)
+        return nodes
+
     @field_validator("pod_labels", "pod_annotations")
     @classmethod
     def _qualified_keys(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
@@ -178,6 +195,8 @@ class ServiceSpec(ApiModel):
             raise ValueError(SERVER_RDMA_RULE)
         if not self.is_worker and not self.host_boot:
             raise ValueError(SERVER_HOST_BOOT_RULE)
+        if self.number_of_nodes > 1 and max(self.replicas, self.most_replicas) > MAX_GROUPS:
+            raise ValueError(GROUPS_RULE)
         return self
 
     @property

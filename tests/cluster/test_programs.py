@@ -7,10 +7,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from hooks.api import names
 from hooks.api.rules import AUTOSCALING_RANGE_RULE
 from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
 from tests.support.docs import readme_local_cluster
@@ -94,6 +96,52 @@ def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -
             'The InferaDeployment "qwen-pd" is invalid: spec.services[decode].autoscaling: Invalid value: '
             f"{AUTOSCALING_RANGE_RULE}\n",
         )
+
+
+def with_service(name: str, **fields: Any) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["metadata"]["namespace"] = "default"
+    obj["spec"]["services"][name] = {"componentType": "worker"} | fields
+    return obj
+
+
+def with_gateway(name: str) -> dict[str, Any]:
+    obj = parent(PD)
+    obj["metadata"] |= {"name": name, "namespace": "default"}
+    obj["spec"] |= {"nats": {"deploy": False}, "rollout": {"strategy": "BlueGreen"}}
+    obj["spec"]["gaie"] = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
+    obj["spec"]["services"] = {"a": {"componentType": "worker"}, "b": {"componentType": "server"}}
+    return obj
+
+
+def test_the_real_api_server_holds_names_to_the_names_table_in_the_hooks_words(cluster: Path) -> None:
+    """The CRD's rules derived from hooks/api/names.py are within the API server's CEL cost
+    budget (it would refuse the CRD otherwise), and refuse what the hook refuses, each in the
+    hook's words: a messageExpression names the service."""
+    kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(cluster)]
+    (nats,) = [rule for rule in names.CLAIM_RULES if rule.tail == "-nats"]
+    (generation,) = [rule for rule in names.CLAIM_RULES if rule.tail == "-{generation}"]
+    (pool,) = [rule for rule in names.LENGTH_RULES if rule.name.template == "pool-{generation}"]
+    refusals = [
+        (with_service("b-nats"), f"spec.services: Invalid value: {nats.message('qwen-pd', 'b-nats')}"),
+        (
+            with_service("deadbeef"),
+            f"spec.services: Invalid value: {generation.message('qwen-pd', 'deadbeef')}",
+        ),
+        (
+            with_service("wide", numberOfNodes=1_000_000_000),
+            "spec.services.wide.numberOfNodes: Invalid value: 1000000000: spec.services.wide.numberOfNodes in "
+            "body should be less than or equal to 64",
+        ),
+        (with_gateway("g" * 50), f"<nil>: Invalid value: {pool.message}"),
+    ]
+    for obj, error in refusals:
+        refused = kubectl_run(kubectl, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
+        name = obj["metadata"]["name"]
+        assert (refused.returncode, refused.stderr) == (1, f'The InferaDeployment "{name}" is invalid: {error}\n')
+    for obj in (with_service("decode-pool"), with_service("router-metrics"), with_gateway("g" * 49)):
+        accepted = kubectl_run(kubectl, "apply", "--dry-run=server", "-f", "-", stdin=json.dumps(obj))
+        assert accepted.returncode == 0, accepted.stderr
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)

@@ -336,3 +336,25 @@ def test_the_probe_and_shutdown_figures_are_the_codes() -> None:
         f"max({runtime.MIN_GRACE_SECONDS}, {runtime.PRESTOP_SECONDS} + drain + {runtime.TEARDOWN_SECONDS})",
     ):
         assert text in section, text
+
+
+def test_the_names_tables_are_the_hooks() -> None:
+    """docs/api.md's Names: every name the hook gives a child, and each kind's limit, as
+    hooks/api/names.py holds them."""
+    from hooks.api import names
+
+    text = section(DOCS / "api.md", "Names")
+    assert table(text) == [
+        [
+            f"`{name.pattern}`",
+            names.listed(name.kinds) + (f" (made by {name.made_by})" if name.made_by else ""),
+            name.when.words.strip() or "always",
+            "no limit" if name.limit is None else str(name.limit),
+        ]
+        for name in names.NAMES
+    ]
+    kinds = text[text.index("\n| kind |") :]
+    assert table(kinds) == [
+        [kind, "no limit" if limit.characters is None else str(limit.characters), limit.why]
+        for kind, limit in names.KIND_LIMITS.items()
+    ]

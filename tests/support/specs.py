@@ -148,3 +148,72 @@ def mutated_specs(draw: st.DrawFn) -> dict[str, Any]:
         target = spec["services"][draw(st.sampled_from(sorted(spec["services"])))]
         target[draw(st.sampled_from(SERVICE_FIELDS))] = draw(JSON)
     return spec
+
+
+QUEUE_METRICS = [
+    {
+        "type": "Pods",
+        "pods": {"metric": {"name": "sglang_num_queue_reqs"}, "target": {"type": "AverageValue", "averageValue": "4"}},
+    }
+]
+
+
+def _named(letter: str, length: int) -> str:
+    return letter + "x" * (length - 1)
+
+
+@st.composite
+def graphs_with_every_child(draw: st.DrawFn) -> dict[str, Any]:
+    """InferaDeployments with any kind of child the hook makes, and names drawn up to and past
+    the lengths hooks/api/names.py allows: every one either renders or is refused by a rule of
+    that table."""
+    blue_green, gaie, cache = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    length = draw(st.one_of(st.integers(1, 20), st.integers(35, 61)))
+    service_length = st.one_of(st.integers(1, 8), st.integers(8, 62 - length) if length < 54 else st.just(1))
+    services: dict[str, Any] = {}
+    for letter in "vw"[: draw(st.integers(1, 2))]:
+        worker = {"componentType": "worker", "args": ["--model-path", "Qwen/Qwen3-0.6B"]}
+        worker |= draw(
+            st.fixed_dictionaries(
+                {"replicas": st.integers(0, 3), "numberOfNodes": st.integers(1, 3)},
+                optional={
+                    "autoscaling": st.fixed_dictionaries(
+                        {"maxReplicas": st.sampled_from([2, 12, 10_000]), "metrics": st.just(QUEUE_METRICS)}
+                    ),
+                    "disruptionBudget": st.fixed_dictionaries({"enabled": st.booleans()}),
+                },
+            )
+        )
+        services[_named(letter, draw(service_length))] = worker
+    servers = draw(st.integers(1 if blue_green and not gaie else 0, 2))
+    for letter in "rs"[:servers]:
+        server = {"componentType": "server", "args": ["--router-tokenizer-path", "Qwen/Qwen3-0.6B"]}
+        services[_named(letter, draw(service_length))] = server | draw(
+            st.fixed_dictionaries({"replicas": st.integers(1, 3)})
+        )
+    spec: dict[str, Any] = {"image": "engine:v1", "services": services}
+    spec["nats"] = {"deploy": draw(st.booleans())}
+    spec["networkPolicy"] = {"isolate": draw(st.sampled_from(["none", "broker", "graph"]))}
+    if gaie:
+        spec["gaie"] = {
+            "enabled": True,
+            "tokenizerPath": "Qwen/Qwen3-0.6B",
+            "gatewayName": "gateway",
+            "eppReplicas": draw(st.integers(1, 2)),
+        }
+    if blue_green:
+        spec["rollout"] = {"strategy": "BlueGreen"}
+    elif draw(st.booleans()):
+        spec |= {"discoveryBackend": "etcd", "etcdEndpoint": "etcd:2379"}
+    if cache:
+        spec["modelCache"] = {"source": "hf://Qwen/Qwen3-0.6B", "size": "20Gi"}
+    if draw(st.booleans()):
+        spec["monitoring"] = {}
+    return parent(
+        {
+            "apiVersion": "infera.amd.com/v1alpha1",
+            "kind": "InferaDeployment",
+            "metadata": {"name": _named("g", length)},
+            "spec": spec,
+        }
+    )

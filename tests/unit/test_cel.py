@@ -7,7 +7,7 @@ import celpy
 import pytest
 import yaml
 
-from hooks.api import rules
+from hooks.api import names, rules
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, load_yaml, parent, upstream_corpus
 
@@ -16,13 +16,19 @@ ROOT = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 CEL = celpy.Environment()
 
 
+def evaluate(expression: str, obj: Any) -> Any:
+    return CEL.program(CEL.compile(expression)).evaluate({"self": celpy.json_to_cel(obj)})
+
+
 def cel_violations(schema: dict[str, Any], obj: Any) -> list[str]:
-    """Messages of every x-kubernetes-validations rule that `obj` breaks, walking the schema."""
+    """Messages of every x-kubernetes-validations rule that `obj` breaks, walking the schema (a
+    rule's messageExpression evaluated, as the API server does)."""
     messages = []
     for rule in schema.get("x-kubernetes-validations", []):
-        program = CEL.program(CEL.compile(rule["rule"]))
-        if not program.evaluate({"self": celpy.json_to_cel(obj)}):
-            messages.append(rule["message"])
+        if not evaluate(rule["rule"], obj):
+            messages.append(
+                str(evaluate(rule["messageExpression"], obj)) if "messageExpression" in rule else rule["message"]
+            )
     if isinstance(obj, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in obj:
@@ -46,10 +52,12 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 41
+    assert len(rules) == 48
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
+        if "messageExpression" in rule:
+            CEL.compile(rule["messageExpression"])
 
 
 def test_examples_and_upstream_corpus_pass_every_rule() -> None:
@@ -95,6 +103,18 @@ def blue_green_with(change: Callable[[dict], None]) -> Callable[[dict], None]:
     return changed
 
 
+def length_rule(template: str, when: names.When) -> str:
+    """The message of the rule the names table derives for names of `template` under `when`."""
+    (rule,) = [rule for rule in names.LENGTH_RULES if (rule.name.template, rule.name.when) == (template, when)]
+    return rule.message
+
+
+def claim_rule(tail: str, service: str) -> str:
+    """The message of the rule against service names ending in `tail`, for `service` of qwen-pd."""
+    (rule,) = [rule for rule in names.CLAIM_RULES if rule.tail == tail]
+    return rule.message("qwen-pd", service)
+
+
 CACHE = {"source": "hf://Qwen/Qwen3-0.6B", "size": "20Gi"}
 GAIE_ON = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
 
@@ -121,7 +141,12 @@ def vllm_prefill_without_args(obj: dict) -> None:
 CASES = [
     ("etcd without endpoint", spec_change(discoveryBackend="etcd"), rules.ETCD_ENDPOINT_RULE),
     ("gaie without image", gaie_without_image, rules.GAIE_IMAGE_RULE),
-    ("gaie name over 59", gaie_with_long_name, rules.GAIE_NAME_RULE),
+    (
+        # The picker's <name>-epp would fit: its InferencePool's is a character longer.
+        "gaie pool name over 63",
+        lambda obj: (gaie_with_long_name(obj), rename("g" * 59)(obj)),
+        length_rule("pool", names.WITH_GAIE),
+    ),
     ("gaie without tokenizer", spec_change(gaie={"enabled": True, "gatewayName": "gw"}), rules.GAIE_REQUIRED_RULE),
     ("gaie without gateway", spec_change(gaie={"enabled": True, "tokenizerPath": "t"}), rules.GAIE_REQUIRED_RULE),
     ("role on a server", service_change("server", role="prefill"), rules.SERVER_ROLE_RULE),
@@ -133,23 +158,65 @@ CASES = [
     ("service named nats", add_service("nats"), rules.RESERVED_NAMES_RULE),
     ("service named disc", add_service("disc", "server"), rules.RESERVED_NAMES_RULE),
     ("service named epp", add_service("epp"), rules.RESERVED_NAMES_RULE),
-    ("child name over 63", add_service("w" * 56), rules.CHILD_NAME_RULE),
-    ("multi-node name over 47", add_service("m" * 40, numberOfNodes=2), rules.MULTINODE_NAME_RULE),
+    ("server named like another graph's broker", add_service("b-nats", "server"), claim_rule("-nats", "b-nats")),
+    ("worker named like another graph's broker", add_service("w-nats"), claim_rule("-nats", "w-nats")),
+    ("service named like another graph's picker", add_service("gw-epp", "server"), claim_rule("-epp", "gw-epp")),
+    (
+        "service named like another graph's generation",
+        add_service("decode-0a1b2c3d"),
+        claim_rule("-{generation}", "decode-0a1b2c3d"),
+    ),
+    (
+        "service named like a generation of another graph's service",
+        add_service("deadbeef"),
+        claim_rule("-{generation}", "deadbeef"),
+    ),
+    (
+        "picker's generation",
+        add_service("x-epp-0a1b2c3d", "server"),
+        claim_rule("-{generation}", "x-epp-0a1b2c3d"),
+    ),
+    (
+        "multi-node service named like a group of another",
+        add_service("decode-2", numberOfNodes=2),
+        claim_rule("-{group}", "decode-2"),
+    ),
+    (
+        "multi-node service with more groups than its name leaves room for",
+        service_change("decode", numberOfNodes=2, replicas=names.MAX_GROUPS + 1),
+        rules.GROUPS_RULE,
+    ),
+    (
+        "multi-node service whose autoscaler may make more groups than its name leaves room for",
+        service_change(
+            "decode",
+            numberOfNodes=2,
+            autoscaling={"maxReplicas": names.MAX_GROUPS + 1, "metrics": [{"type": "Pods"}]},
+        ),
+        rules.GROUPS_RULE,
+    ),
+    ("child name over 63", add_service("w" * 56), length_rule("{service}", names.ALWAYS)),
+    ("multi-node name over 47", add_service("m" * 40, numberOfNodes=2), length_rule("{service}-{group}", names.MULTI)),
     ("parent name with a dot", rename("qwen.pd"), rules.PARENT_NAME_RULE),
     ("parent name with upper case", rename("Qwen"), rules.PARENT_NAME_RULE),
     ("no image anywhere", lambda obj: obj["spec"].pop("image"), rules.IMAGE_RULE),
-    ("nats name over 52", rename("n" * 48), rules.NATS_NAME_RULE),
+    ("nats name over 52", rename("n" * 48), length_rule("nats", names.WITH_NATS)),
     ("vLLM prefill without a kv role", vllm_prefill_without_args, rules.VLLM_ROLE_RULE),
-    ("blue/green name over 54", blue_green_with(add_service("w" * 47)), rules.BLUE_GREEN_NAME_RULE),
+    (
+        "blue/green name over 54",
+        blue_green_with(add_service("w" * 47)),
+        length_rule("{service}-{generation}", names.BLUE_GREEN_GRAPH),
+    ),
     (
         "blue/green multi-node name over 38",
         blue_green_with(add_service("m" * 32, numberOfNodes=2)),
-        rules.BLUE_GREEN_NAME_RULE,
+        length_rule("{service}-{generation}-{group}", names.BLUE_GREEN_MULTI),
     ),
     (
-        "blue/green picker name over 54",
-        blue_green_with(lambda obj: (gaie_with_long_name(obj), rename("g" * 51)(obj))),
-        rules.BLUE_GREEN_NAME_RULE,
+        # The picker's <name>-epp-<generation> would fit: its InferencePool's is a character longer.
+        "blue/green pool name over 63",
+        blue_green_with(lambda obj: (gaie_with_long_name(obj), rename("g" * 50)(obj))),
+        length_rule("pool-{generation}", names.BLUE_GREEN_GAIE),
     ),
     ("blue/green without a front door", blue_green_with(only_workers), rules.BLUE_GREEN_FRONT_DOOR_RULE),
     (
@@ -187,7 +254,7 @@ CASES = [
     (
         "model cache with a long name",
         lambda obj: (rename("m" * 46)(obj), obj["spec"].update(nats={"deploy": False}, modelCache=CACHE)),
-        rules.MODEL_CACHE_NAME_RULE,
+        length_rule("download-{digest}", names.WITH_MODEL_CACHE),
     ),
     (
         "model cache without an image for its download",
@@ -280,5 +347,45 @@ def test_boundaries_are_accepted(hooks) -> None:
     obj = parent(PD)
     rename("n" * 55)(obj)  # qwen...-prefill is exactly 63
     obj["spec"]["nats"] = {"deploy": False}
+    assert cel_violations(ROOT, obj) == []
+    assert hooks.sync(obj)["status"]["state"] == "initializing"
+    for length in (58, 49):  # <name>-pool and, under BlueGreen, <name>-pool-<generation> are exactly 63
+        obj = parent(PD)
+        gaie_with_long_name(obj)
+        rename("g" * length)(obj)
+        obj["spec"]["services"]["a"]["args"] = ["--model-path", "m"]
+        obj["spec"]["services"]["b"]["args"] = ["--router-tokenizer-path", "t"]
+        if length == 49:
+            obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+        assert cel_violations(ROOT, obj) == []
+        assert hooks.sync(obj)["status"]["state"] == "initializing"
+    obj = parent(PD)
+    service_change("decode", numberOfNodes=2, replicas=names.MAX_GROUPS)(obj)
+    assert cel_violations(ROOT, obj) == []
+
+
+# Ends of names no child of a service shares a kind with (accounts, the gateway's pool and route,
+# the PodMonitor, the model cache's claim and Job), or near misses of those that do.
+UNCLAIMED = [
+    "decode-pool",
+    "router-route",
+    "x-disc",
+    "x-register",
+    "router-metrics",
+    "x-models",
+    "x-download",
+    "natsy",
+    "x-nats2",
+    "decode-2",  # single-node: a Deployment, never a group's StatefulSet
+    "decode-deadbee",
+    "x-deadbeef0",
+    "decade",
+]
+
+
+@pytest.mark.parametrize("service", UNCLAIMED)
+def test_names_no_other_graphs_child_can_have_are_accepted(hooks, service: str) -> None:
+    obj = parent(PD)
+    add_service(service, args=["--model-path", "m"])(obj)
     assert cel_violations(ROOT, obj) == []
     assert hooks.sync(obj)["status"]["state"] == "initializing"
