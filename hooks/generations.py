@@ -50,20 +50,39 @@ def belongs_to_a_generation(child: dict[str, Any]) -> bool:
     return kind == "Service" and service_of(child) == EPP_SUFFIX
 
 
+# Pod fields that say only where a pod runs, not what it runs: left out of the digest.
+# topologySpreadConstraints is the one the hook injects (a server that may run several replicas,
+# several Endpoint Pickers) and so follows a count, which must never start a rollout. It is left
+# out wherever it comes from (the hook, extraPodSpec, a patch): the digest is also taken of last
+# applied children, which do not say who set a field, and pods that differ only in their spread
+# run the same thing, so replacing them in place mixes no code. Fields that choose the nodes
+# (nodeSelector, affinity, tolerations) stay in: they may choose other hardware, and leaving
+# them out would change the generation of every running graph that sets them.
+PLACEMENT_FIELDS = ("topologySpreadConstraints",)
+
+
 def digest(workloads: Iterable[dict[str, Any]]) -> str:
     """The generation of workloads rendered (or last applied) at generation "": what their pods
-    run, by workload kind and name. Replica counts and pod metadata are left out, so scaling and
-    relabelling never start a rollout."""
+    run, by workload kind and name. Replica counts, pod metadata and placement are left out, so
+    scaling, relabelling and spreading never start a rollout; a graph without placement fields
+    keeps the digest it had before they were left out."""
     runs = []
     for child in workloads:
         if child.get("kind") not in WORKLOAD_KINDS:
             continue
         size = field_at(child, "spec", "leaderWorkerTemplate", "size")
-        specs = [template.get("spec") for template, _ in pod_templates(child)]
+        specs = [_what_runs(template.get("spec")) for template, _ in pod_templates(child)]
         runs.append([child["kind"], field_at(child, "metadata", "name"), size, specs])
     runs.sort(key=lambda run: (run[0], str(run[1])))
     encoded = json.dumps(runs, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:DIGEST_LENGTH]
+
+
+def _what_runs(spec: Any) -> Any:
+    """A pod template's spec without its placement fields."""
+    if not isinstance(spec, dict):
+        return spec
+    return {key: value for key, value in spec.items() if key not in PLACEMENT_FIELDS}
 
 
 def front_door(idep: InferaDeployment, observed: Observed) -> set[str]:
