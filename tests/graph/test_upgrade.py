@@ -1,0 +1,105 @@
+"""Upgrading the hook under graphs an earlier build created: the children that build's own CLI
+rendered (tests/golden/upgrade/, each file says which build and how), created and ready as
+Metacontroller left them, then synced by this build. The first sync must write exactly what the
+upgrade note says, and under BlueGreen start no generation."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.support.prerequisites import REPO
+from tests.support.requests import load_yaml
+from tests.support.simulator import Metacontroller
+
+EXAMPLE = REPO / "examples" / "pd-blue-green.yaml"
+UPGRADE = REPO / "tests" / "golden" / "upgrade"
+# The build before spec.monitoring, whose hook spread no router across nodes.
+BEFORE_MONITORING = "1537eaf"
+# Its answer's generation for the example (the label of every workload it rendered).
+OLD_GENERATION = "8d8de081"
+SPREAD = {
+    "maxSkew": 1,
+    "topologyKey": "kubernetes.io/hostname",
+    "whenUnsatisfiable": "ScheduleAnyway",
+}
+
+
+def rolling_update(idep: dict[str, Any]) -> dict[str, Any]:
+    """The example as its fixture under RollingUpdate was rendered: without spec.rollout."""
+    idep = copy.deepcopy(idep)
+    del idep["spec"]["rollout"]
+    return idep
+
+
+def created_by(build: str, fixture: str, idep: dict[str, Any], hooks) -> Metacontroller:
+    """The graph as Metacontroller left it under `build`: every child of that build's render
+    created, every workload ready."""
+    mc = Metacontroller(hooks, idep)
+    mc.created_before(load_yaml(UPGRADE / f"{fixture}-{build}.yaml"))
+    mc.mark_ready()
+    return mc
+
+
+def template_spec(children: dict[tuple[str, str], dict[str, Any]], name: str) -> dict[str, Any]:
+    return children[("Deployment", name)]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "shape", "suffix"),
+    [("pd-blue-green", lambda idep: idep, f"-{OLD_GENERATION}"), ("pd-blue-green-rolling-update", rolling_update, "")],
+    ids=["BlueGreen", "RollingUpdate"],
+)
+def test_upgrading_from_the_build_before_monitoring_only_spreads_the_routers(hooks, fixture, shape, suffix) -> None:
+    (example,) = load_yaml(EXAMPLE)
+    mc = created_by(BEFORE_MONITORING, fixture, shape(example), hooks)
+    server = f"qwen-bg-server{suffix}"
+    before = copy.deepcopy(mc.children)
+
+    writes = mc.child_writes(mc.sync())
+
+    # No generation starts: the server's Deployment alone changes, in place.
+    assert writes == [("update", "Deployment", server)]
+    spread = SPREAD | {
+        "labelSelector": {
+            "matchLabels": {"infera.amd.com/deployment": "qwen-bg", "infera.amd.com/service": "server"}
+            | ({"infera.amd.com/generation": OLD_GENERATION} if suffix else {})
+        }
+    }
+    assert template_spec(mc.children, server) == template_spec(before, server) | {"topologySpreadConstraints": [spread]}
+    assert {key: child for key, child in mc.children.items() if key != ("Deployment", server)} == {
+        key: child for key, child in before.items() if key != ("Deployment", server)
+    }
+    assert mc.parent["status"].get("rollout") == (stable(OLD_GENERATION) if suffix else None)
+    # The server's pods roll as any change to them does; then nothing more is written.
+    assert (mc.parent["status"]["state"], mc.parent["status"]["message"]) == (
+        "pending",
+        "server 0/2 ready; waiting on 1 of 3 services",
+    )
+    mc.mark_ready()
+    assert mc.child_writes(mc.sync()) == []
+    assert mc.parent["status"]["state"] == "ready"
+
+
+def stable(generation: str) -> dict[str, Any]:
+    return {
+        "strategy": "BlueGreen",
+        "phase": "Stable",
+        "servingGeneration": generation,
+        "message": f"generation {generation} serves",
+    }
+
+
+def test_this_build_names_the_old_builds_generation_as_it_did(hooks) -> None:
+    """The other direction: a graph without spread keeps its generation's name, so an old
+    build's graph is still the generation this build renders."""
+    rendered = load_yaml(UPGRADE / f"pd-blue-green-{BEFORE_MONITORING}.yaml")
+    labels = {
+        child["metadata"]["labels"]["infera.amd.com/generation"]
+        for child in rendered
+        if child["kind"] == "Deployment" and child["metadata"]["name"] != "qwen-bg-nats"
+    }
+    assert labels == {OLD_GENERATION}
+    mc = Metacontroller(hooks, EXAMPLE)
+    mc.sync()
+    assert mc.parent["status"]["rollout"]["servingGeneration"] == OLD_GENERATION
