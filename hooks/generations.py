@@ -1,10 +1,11 @@
 """Generations of a graph under BlueGreen, read from what exists: the hook keeps no state.
 
 A generation is a digest of what the graph's processes run: the pod templates of every pool,
-router and Endpoint Picker (not their metadata, not replica counts, not the autoscaler). Its
-pods carry it as a label, its routers and picker select on it, and its workloads, picker and
-InferencePool are named after it. The front door (each server's Service and, with GAIE, the
-HTTPRoute) selects one generation: the serving one. A change that makes a new generation
+router and Endpoint Picker (not their metadata, not their spread across nodes, not replica
+counts, not the autoscaler). Its pods carry it as a label, its routers and picker select on it,
+and its workloads, picker and InferencePool are named after it for as long as it lives. The
+front door (each server's Service and, with GAIE, the HTTPRoute) selects one generation: the
+serving one. A change that makes a new generation
 renders it beside the serving one, which is kept exactly as applied; the front door moves once
 every pool of the new generation is ready, and on the next sync the old generation, no longer
 served, is no longer answered, so Metacontroller deletes it.
@@ -65,7 +66,8 @@ def digest(workloads: Iterable[dict[str, Any]]) -> str:
     """The generation of workloads rendered (or last applied) at generation "": what their pods
     run, by workload kind and name. Replica counts, pod metadata and placement are left out, so
     scaling, relabelling and spreading never start a rollout; a graph without placement fields
-    keeps the digest it had before they were left out."""
+    keeps the digest it had before they were left out. Of two sets of workloads at one other
+    generation, equal digests say their pods run the same."""
     runs = []
     for child in workloads:
         if child.get("kind") not in WORKLOAD_KINDS:
@@ -149,6 +151,20 @@ def plan(idep: InferaDeployment, observed: Observed) -> Rollout:
         return Rollout(desired, served, desired)
     live = live_replicas(idep.at_generation(min(others)), observed)
     return Rollout(desired, served, desired if ready(idep, observed, live) else min(others))
+
+
+def named_otherwise(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> str | None:
+    """An observed generation that already runs what the spec renders, under a name other than
+    the one this build's digest gives it (the served one first); None when there is none.
+    Builds from c3dfbbd to a2fc70b put the routers' spread into the digest: such a generation
+    goes on under its name, serving or rolling out, rather than being replaced by itself.
+    `runs_at(generation)`: the digest of the spec's workloads rendered at `generation`."""
+    named = {generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS}
+    for generation in sorted(named - {"", rollout.desired}, key=lambda name: (name not in rollout.served, name)):
+        applied = [as_last_applied(child) for child in observed.values() if generation_of(child) == generation]
+        if digest(applied) == runs_at(generation):
+            return generation
+    return None
 
 
 def check_switch(rollout: Rollout, observed: Observed, spec_digest: Callable[[], str]) -> None:

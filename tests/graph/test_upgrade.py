@@ -18,6 +18,11 @@ UPGRADE = REPO / "tests" / "golden" / "upgrade"
 BEFORE_MONITORING = "1537eaf"
 # Its answer's generation for the example (the label of every workload it rendered).
 OLD_GENERATION = "8d8de081"
+# Main before placement left the digest: a generation's name held the routers' spread.
+SPREAD_IN_DIGEST = "a2fc70b"
+SPREAD_GENERATION = "c4cee1b0"
+# The generation it named for the example with the image rocm/infera:sglang-v0.1.2.
+SPREAD_NEW_IMAGE_GENERATION = "22f93bb4"
 SPREAD = {
     "maxSkew": 1,
     "topologyKey": "kubernetes.io/hostname",
@@ -88,6 +93,69 @@ def stable(generation: str) -> dict[str, Any]:
         "servingGeneration": generation,
         "message": f"generation {generation} serves",
     }
+
+
+def test_a_generation_named_with_its_spread_keeps_serving_under_its_name(hooks) -> None:
+    """A graph a build from c3dfbbd to a2fc70b created: its generation's name is a digest that
+    held the spread, which this build's does not. What it runs is what the spec renders, so it
+    keeps serving as it is; it changes in place, and a change to what runs starts a generation
+    this build names."""
+    mc = created_by(SPREAD_IN_DIGEST, "pd-blue-green", load_yaml(EXAMPLE)[0], hooks)
+    before = copy.deepcopy(mc.children)
+    assert mc.child_writes(mc.sync()) == []
+    assert mc.children == before
+    assert mc.parent["status"]["rollout"] == stable(SPREAD_GENERATION)
+    assert mc.parent["status"]["state"] == "ready"
+
+    mc.edit(lambda spec: spec["services"]["server"].update(replicas=3))
+    assert mc.child_writes(mc.sync()) == [("update", "Deployment", f"qwen-bg-server-{SPREAD_GENERATION}")]
+    assert mc.parent["status"]["rollout"]["servingGeneration"] == SPREAD_GENERATION
+
+    mc.mark_ready()
+    mc.edit(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.2"))
+    writes = mc.child_writes(mc.sync())
+    new = mc.parent["status"]["rollout"]["incomingGeneration"]
+    assert writes == [("create", "Deployment", f"qwen-bg-{s}-{new}") for s in ("decode", "prefill", "server")]
+    # Reverted, the spec is again what the serving generation runs: the new one goes.
+    mc.edit(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.1"))
+    assert mc.child_writes(mc.sync()) == [
+        ("delete", "Deployment", f"qwen-bg-{s}-{new}") for s in ("decode", "prefill", "server")
+    ]
+    assert mc.child_writes(mc.sync()) == []
+    assert mc.parent["status"]["rollout"] == stable(SPREAD_GENERATION)
+
+
+def test_a_rollout_in_flight_under_a_build_that_digested_the_spread_goes_on(hooks) -> None:
+    """Upgraded mid-rollout: the incoming generation that build created already runs what the
+    spec renders, so it is neither replaced nor renamed; the front door moves to it once ready."""
+    idep = load_yaml(EXAMPLE)[0]
+    idep["spec"]["image"] = "rocm/infera:sglang-v0.1.2"
+    mc = created_by(SPREAD_IN_DIGEST, "pd-blue-green", idep, hooks)
+    incoming = [
+        child
+        for child in load_yaml(UPGRADE / f"pd-blue-green-new-image-{SPREAD_IN_DIGEST}.yaml")
+        if child["kind"] == "Deployment" and child["metadata"]["name"] != "qwen-bg-nats"
+    ]
+    mc.created_before(incoming)
+    new = [f"qwen-bg-{s}-{SPREAD_NEW_IMAGE_GENERATION}" for s in ("decode", "prefill", "server")]
+    mc.mark_ready(lambda kind, name: 0 if name in new else None)
+    before = copy.deepcopy(mc.children)
+
+    assert mc.child_writes(mc.sync()) == []
+    assert mc.children == before
+    rollout = mc.parent["status"]["rollout"]
+    assert (rollout["phase"], rollout["servingGeneration"], rollout["incomingGeneration"]) == (
+        "Progressing",
+        SPREAD_GENERATION,
+        SPREAD_NEW_IMAGE_GENERATION,
+    )
+    mc.mark_ready()
+    assert mc.child_writes(mc.sync()) == [("update", "Service", "qwen-bg-server")]
+    assert mc.child_writes(mc.sync()) == [
+        ("delete", "Deployment", f"qwen-bg-{s}-{SPREAD_GENERATION}") for s in ("decode", "prefill", "server")
+    ]
+    assert mc.child_writes(mc.sync()) == []
+    assert mc.parent["status"]["rollout"] == stable(SPREAD_NEW_IMAGE_GENERATION)
 
 
 def test_this_build_names_the_old_builds_generation_as_it_did(hooks) -> None:
