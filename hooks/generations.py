@@ -153,41 +153,52 @@ def plan(idep: InferaDeployment, observed: Observed) -> Rollout:
     return Rollout(desired, served, desired if ready(idep, observed, live) else min(others))
 
 
+def runs_the_spec(generation: str, observed: Observed, runs_at: Callable[[str], str]) -> bool:
+    """Whether the observed workloads of `generation` run exactly what the spec renders at it,
+    whatever its name. `runs_at(generation)`: the digest of the spec's workloads rendered at
+    `generation`."""
+    applied = [as_last_applied(child) for child in observed.values() if generation_of(child) == generation]
+    return digest(applied) == runs_at(generation)
+
+
 def named_otherwise(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> str | None:
     """An observed generation that already runs what the spec renders, under a name other than
     the one this build's digest gives it (the served one first); None when there is none.
     Builds from c3dfbbd to a2fc70b put the routers' spread into the digest: such a generation
-    goes on under its name, serving or rolling out, rather than being replaced by itself.
-    `runs_at(generation)`: the digest of the spec's workloads rendered at `generation`."""
+    goes on under its name, serving or rolling out, rather than being replaced by itself."""
     named = {generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS}
     for generation in sorted(named - {"", rollout.desired}, key=lambda name: (name not in rollout.served, name)):
-        applied = [as_last_applied(child) for child in observed.values() if generation_of(child) == generation]
-        if digest(applied) == runs_at(generation):
+        if runs_the_spec(generation, observed, runs_at):
             return generation
     return None
 
 
-def check_switch(rollout: Rollout, observed: Observed, spec_digest: Callable[[], str]) -> None:
+def check_switch(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> None:
     """A switch between RollingUpdate and BlueGreen hands over between a generation whose routers
     see every worker of the graph ("") and a labelled one: harmless only while both run the
     same thing, so it must come in a change of its own."""
     legacy = "" in rollout.kept or (rollout.desired == "" and rollout.kept)
     if not legacy:
         return
+    wanted = runs_at("")
     if rollout.desired == "":
+        # What it runs, not its name: one named by another build's digest may run this spec.
         running = min(rollout.kept)
+        if running == wanted or runs_the_spec(running, observed, runs_at):
+            return
     else:
         running = digest(
             as_last_applied(child)
             for child in observed.values()
             if belongs_to_a_generation(child) and generation_of(child) == ""
         )
-    if running != (wanted := spec_digest()):
-        raise SpecError(
-            f"spec.rollout.strategy: the running pods (generation {running}) run something other than this spec "
-            f"(generation {wanted}), and the routers of a RollingUpdate graph see every worker of the graph: "
-            "change the strategy in a change of its own, then change what runs"
-        )
+        if running == wanted:
+            return
+    raise SpecError(
+        f"spec.rollout.strategy: the running pods (generation {running}) run something other than this spec "
+        f"(generation {wanted}), and the routers of a RollingUpdate graph see every worker of the graph: "
+        "change the strategy in a change of its own, then change what runs"
+    )
 
 
 def created(idep: InferaDeployment, observed: Observed) -> str | None:

@@ -309,7 +309,7 @@ def _rollout(
         return None
     if idep.spec.blue_green and (named := generations.named_otherwise(rollout, request.by_key, runs_at)):
         rollout = generations.plan(idep.at_generation(named), request.by_key)
-    generations.check_switch(rollout, request.by_key, lambda: runs_at(""))
+    generations.check_switch(rollout, request.by_key, runs_at)
     return rollout
 
 

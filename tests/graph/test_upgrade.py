@@ -125,6 +125,23 @@ def test_a_generation_named_with_its_spread_keeps_serving_under_its_name(hooks) 
     assert mc.parent["status"]["rollout"] == stable(SPREAD_GENERATION)
 
 
+def test_a_generation_named_with_its_spread_may_switch_to_rolling_update_on_its_own(hooks) -> None:
+    """The switch is refused only when it also changes what runs: the name is not what runs."""
+    mc = created_by(SPREAD_IN_DIGEST, "pd-blue-green", load_yaml(EXAMPLE)[0], hooks)
+    mc.sync()
+    mc.edit(lambda spec: spec.update(rollout={"strategy": "RollingUpdate"}))
+    assert mc.child_writes(mc.sync()) == [
+        ("create", "Deployment", f"qwen-bg-{s}") for s in ("decode", "prefill", "server")
+    ]
+    mc.mark_ready()
+    assert mc.child_writes(mc.sync()) == [("update", "Service", "qwen-bg-server")]
+    assert mc.child_writes(mc.sync()) == [
+        ("delete", "Deployment", f"qwen-bg-{s}-{SPREAD_GENERATION}") for s in ("decode", "prefill", "server")
+    ]
+    assert mc.sync() == []
+    assert "rollout" not in mc.parent["status"] and mc.parent["status"]["state"] == "ready"
+
+
 def test_a_rollout_in_flight_under_a_build_that_digested_the_spread_goes_on(hooks) -> None:
     """Upgraded mid-rollout: the incoming generation that build created already runs what the
     spec renders, so it is neither replaced nor renamed; the front door moves to it once ready."""
