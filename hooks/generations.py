@@ -1,10 +1,11 @@
 """Generations of a graph under BlueGreen, read from what exists: the hook keeps no state.
 
 A generation is a digest of what the graph's processes run: the pod templates of every pool,
-router and Endpoint Picker (not their metadata, not replica counts, not the autoscaler). Its
-pods carry it as a label, its routers and picker select on it, and its workloads, picker and
-InferencePool are named after it. The front door (each server's Service and, with GAIE, the
-HTTPRoute) selects one generation: the serving one. A change that makes a new generation
+router and Endpoint Picker (not their metadata, not their spread across nodes, not replica
+counts, not the autoscaler). Its pods carry it as a label, its routers and picker select on it,
+and its workloads, picker and InferencePool are named after it for as long as it lives. The
+front door (each server's Service and, with GAIE, the HTTPRoute) selects one generation: the
+serving one. A change that makes a new generation
 renders it beside the serving one, which is kept exactly as applied; the front door moves once
 every pool of the new generation is ready, and on the next sync the old generation, no longer
 served, is no longer answered, so Metacontroller deletes it.
@@ -68,20 +69,40 @@ def belongs_to_a_generation(child: dict[str, Any]) -> bool:
     return kind == "Service" and service_of(child) == EPP_SUFFIX
 
 
+# Pod fields that say only where a pod runs, not what it runs: left out of the digest.
+# topologySpreadConstraints is the one the hook injects (a server that may run several replicas,
+# several Endpoint Pickers) and so follows a count, which must never start a rollout. It is left
+# out wherever it comes from (the hook, extraPodSpec, a patch): the digest is also taken of last
+# applied children, which do not say who set a field, and pods that differ only in their spread
+# run the same thing, so replacing them in place mixes no code. Fields that choose the nodes
+# (nodeSelector, affinity, tolerations) stay in: they may choose other hardware, and leaving
+# them out would change the generation of every running graph that sets them.
+PLACEMENT_FIELDS = ("topologySpreadConstraints",)
+
+
 def digest(workloads: Iterable[dict[str, Any]]) -> str:
     """The generation of workloads rendered (or last applied) at generation "": what their pods
-    run, by workload kind and name. Replica counts and pod metadata are left out, so scaling and
-    relabelling never start a rollout."""
+    run, by workload kind and name. Replica counts, pod metadata and placement are left out, so
+    scaling, relabelling and spreading never start a rollout; a graph without placement fields
+    keeps the digest it had before they were left out. Of two sets of workloads at one other
+    generation, equal digests say their pods run the same."""
     runs = []
     for child in workloads:
         if child.get("kind") not in WORKLOAD_KINDS:
             continue
         size = field_at(child, "spec", "leaderWorkerTemplate", "size")
-        specs = [template.get("spec") for template, _ in pod_templates(child)]
+        specs = [_what_runs(template.get("spec")) for template, _ in pod_templates(child)]
         runs.append([child["kind"], field_at(child, "metadata", "name"), size, specs])
     runs.sort(key=lambda run: (run[0], str(run[1])))
     encoded = json.dumps(runs, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:DIGEST_LENGTH]
+
+
+def _what_runs(spec: Any) -> Any:
+    """A pod template's spec without its placement fields."""
+    if not isinstance(spec, dict):
+        return spec
+    return {key: value for key, value in spec.items() if key not in PLACEMENT_FIELDS}
 
 
 # On every workload of a BlueGreen generation: that generation's workloads, each as its kind, its
@@ -93,9 +114,10 @@ Recorded = tuple[str, str, str]  # (kind, name without the generation, template 
 
 
 def template_digest(workload: dict[str, Any]) -> str:
-    """What a workload's pods run and how many form a group: its pod templates' specs and size."""
+    """What a workload's pods run and how many form a group: its pod templates' specs, without
+    placement, and its group size."""
     size = field_at(workload, "spec", "leaderWorkerTemplate", "size")
-    specs = [template.get("spec") for template, _ in pod_templates(workload)]
+    specs = [_what_runs(template.get("spec")) for template, _ in pod_templates(workload)]
     encoded = json.dumps([size, specs], sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
@@ -234,27 +256,52 @@ def plan(idep: InferaDeployment, observed: Observed, recorded: str | None = None
     return Rollout(desired, served, serving, kept, min(behind_door) if behind_door else serving)
 
 
-def check_switch(rollout: Rollout, observed: Observed, spec_digest: Callable[[], str]) -> None:
+def runs_the_spec(generation: str, observed: Observed, runs_at: Callable[[str], str]) -> bool:
+    """Whether the observed workloads of `generation` run exactly what the spec renders at it,
+    whatever its name. `runs_at(generation)`: the digest of the spec's workloads rendered at
+    `generation`."""
+    applied = [as_last_applied(child) for child in observed.values() if generation_of(child) == generation]
+    return digest(applied) == runs_at(generation)
+
+
+def named_otherwise(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> str | None:
+    """An observed generation that already runs what the spec renders, under a name other than
+    the one this build's digest gives it (the served one first); None when there is none.
+    Builds from c3dfbbd to a2fc70b put the routers' spread into the digest: such a generation
+    goes on under its name, serving or rolling out, rather than being replaced by itself."""
+    named = {generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS}
+    for generation in sorted(named - {"", rollout.desired}, key=lambda name: (name not in rollout.served, name)):
+        if runs_the_spec(generation, observed, runs_at):
+            return generation
+    return None
+
+
+def check_switch(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> None:
     """A switch between RollingUpdate and BlueGreen hands over between a generation whose routers
     see every worker of the graph ("") and a labelled one: harmless only while both run the
     same thing, so it must come in a change of its own."""
     legacy = "" in rollout.kept or (rollout.desired == "" and rollout.kept)
     if not legacy:
         return
+    wanted = runs_at("")
     if rollout.desired == "":
+        # What it runs, not its name: one named by another build's digest may run this spec.
         running = min(rollout.kept)
+        if running == wanted or runs_the_spec(running, observed, runs_at):
+            return
     else:
         running = digest(
             as_last_applied(child)
             for child in observed.values()
             if belongs_to_a_generation(child) and generation_of(child) == ""
         )
-    if running != (wanted := spec_digest()):
-        raise SpecError(
-            f"spec.rollout.strategy: the running pods (generation {running}) run something other than this spec "
-            f"(generation {wanted}), and the routers of a RollingUpdate graph see every worker of the graph: "
-            "change the strategy in a change of its own, then change what runs"
-        )
+        if running == wanted:
+            return
+    raise SpecError(
+        f"spec.rollout.strategy: the running pods (generation {running}) run something other than this spec "
+        f"(generation {wanted}), and the routers of a RollingUpdate graph see every worker of the graph: "
+        "change the strategy in a change of its own, then change what runs"
+    )
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,8 @@ class ParentEntry:
     size: int
     renders: OrderedDict[bytes, Rendered] = field(default_factory=OrderedDict)
     statuses: OrderedDict[bytes, RolledUp] = field(default_factory=OrderedDict)
-    # The spec's generation (hooks.generations), or the SpecError message computing it raised.
+    # Digests of the spec's workloads rendered at a generation (hooks.generations): "" names the
+    # spec's generation. Or the SpecError message computing one raised.
     generations: OrderedDict[bytes, tuple[bool, str]] = field(default_factory=OrderedDict)
 
     def idep(self) -> InferaDeployment:
@@ -229,9 +230,9 @@ class RenderMemo:
         return rendered
 
     def generation(self, entry: ParentEntry, inputs: Any, compute: Callable[[], str]) -> str:
-        """The spec's generation `compute` makes from `inputs` (everything else it reads), from
-        the memo when computed from these inputs before. A SpecError is remembered and raised
-        again."""
+        """The digest `compute` makes of the spec's workloads from `inputs` (everything else it
+        reads: the registered kinds, the generation rendered), from the memo when computed from
+        these inputs before. A SpecError is remembered and raised again."""
         key = _key(inputs)
         computed = self._get(entry.generations, key)
         if computed is None:

@@ -255,7 +255,11 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
     try:
         entry = memo.parent(request.parent)
         registered = None if request.registered is None else sorted(request.registered)
-        rollout = _rollout(entry.idep(), request, lambda compute: memo.generation(entry, registered, compute))
+        rollout = _rollout(
+            entry.idep(),
+            request,
+            lambda generation, compute: memo.generation(entry, [registered, generation], compute),
+        )
         idep = entry.idep().at_generation(rollout.desired if rollout else "")
         inputs = RenderInputs.of(idep, request.by_key, rollout)
         children = memo.rendered(entry, [registered, inputs.key()], lambda: _checked_render(idep, request, inputs))
@@ -301,22 +305,29 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
 
 
 def _rollout(
-    idep: InferaDeployment, request: HookRequest, remembered: Callable[[Callable[[], str]], str]
+    idep: InferaDeployment, request: HookRequest, remembered: Callable[[str, Callable[[], str]], str]
 ) -> Rollout | None:
     """Which generations to answer, or None for a graph that has only ever run outside BlueGreen.
-    `remembered` looks the spec's generation up in the memo, or computes it."""
+    `remembered(generation, compute)` looks up in the memo the digest of the spec's workloads
+    rendered at `generation` (at "": the spec's generation), or computes it."""
 
-    def spec_generation() -> str:
-        inputs = RenderInputs(model_phase=None if idep.spec.model_cache is None else "Ready")
-        return generations.digest(render_children(idep.at_generation(""), request.allows, inputs))
+    def runs_at(generation: str) -> str:
+        def compute() -> str:
+            inputs = RenderInputs(model_phase=None if idep.spec.model_cache is None else "Ready", serving=generation)
+            return generations.digest(render_children(idep.at_generation(generation), request.allows, inputs))
 
-    desired = remembered(spec_generation) if idep.spec.blue_green else ""
+        return remembered(generation, compute)
+
+    desired = runs_at("") if idep.spec.blue_green else ""
     recorded = field_at(_previous_status(request), "rollout", "servingGeneration")
+    recorded = recorded if isinstance(recorded, str) else None
     observed = request.by_key
-    rollout = generations.plan(idep.at_generation(desired), observed, recorded if isinstance(recorded, str) else None)
+    rollout = generations.plan(idep.at_generation(desired), observed, recorded)
     if not idep.spec.blue_green and rollout.served | generations.present(observed) <= {""}:
         return None
-    generations.check_switch(rollout, request.by_key, lambda: remembered(spec_generation))
+    if idep.spec.blue_green and (named := generations.named_otherwise(rollout, observed, runs_at)):
+        rollout = generations.plan(idep.at_generation(named), observed, recorded)
+    generations.check_switch(rollout, observed, runs_at)
     return rollout
 
 

@@ -141,11 +141,12 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
         driver.errors,
     )
 
+    blue_green = (idep["spec"].get("rollout") or {}).get("strategy") == "BlueGreen"
     assert columns(cluster, namespace, name) == {
         "NAME": name,
         "BACKEND": idep["spec"].get("backendFramework", "sglang"),
         "STATE": "ready",
-        "ROLLOUT": "",  # under RollingUpdate there is no status.rollout
+        "ROLLOUT": "Stable" if blue_green else "",  # under RollingUpdate there is no status.rollout
     }
     services = len(idep["spec"]["services"])
     assert columns(cluster, namespace, name, "wide")["READY"] == f"{services}/{services}"

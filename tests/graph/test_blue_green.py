@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hooks.vocabulary import COMPONENT_LABEL, GENERATION_LABEL
 from tests.support.prerequisites import REPO
-from tests.support.requests import PD, controller, load_yaml
+from tests.support.requests import PD, controller, controller_for, load_yaml
 from tests.support.simulator import LAST_APPLIED, Metacontroller
 from tests.support.specs import idep, valid_specs
 
@@ -226,18 +226,35 @@ def test_a_second_change_mid_rollout_replaces_the_incoming_generation_never_the_
 
 
 @pytest.mark.parametrize(
-    "change",
+    ("path", "change", "updated", "created"),
     [
-        lambda spec: spec["services"]["decode"].update(replicas=3),
-        lambda spec: spec["services"]["decode"].update(podLabels={"team": "infer"}),
+        (PD, lambda spec: spec["services"]["decode"].update(replicas=3), "qwen-pd-decode", []),
+        (PD, lambda spec: spec["services"]["decode"].update(podLabels={"team": "infer"}), "qwen-pd-decode", []),
+        # Several routers or pickers are spread across nodes, and a drain keeps one of them.
+        (
+            PD,
+            lambda spec: spec["services"]["server"].update(replicas=2),
+            "qwen-pd-server",
+            [("PodDisruptionBudget", "qwen-pd-server")],
+        ),
+        (
+            GAIE_PD,
+            lambda spec: spec["gaie"].update(eppReplicas=2),
+            "qwen-gaie-epp",
+            [("PodDisruptionBudget", "qwen-gaie-epp-{generation}")],
+        ),
     ],
-    ids=["replicas", "pod labels"],
+    ids=["replicas", "pod labels", "routers", "pickers"],
 )
-def test_scaling_and_relabelling_change_the_serving_generation_in_place(hooks, change) -> None:
-    mc = serving(Metacontroller(hooks, blue_green(PD)))
+def test_scaling_and_relabelling_change_the_serving_generation_in_place(hooks, path, change, updated, created) -> None:
+    mc = serving(Metacontroller(hooks, blue_green(path), composite=controller_for(load_yaml(path)[0])))
     old = mc.parent["status"]["rollout"]["servingGeneration"]
     mc.edit(change)
-    assert checked_sync(mc) == [("update", "Deployment", f"qwen-pd-decode-{old}")]
+    writes = checked_sync(mc)
+    assert sorted(writes) == sorted(
+        [("update", "Deployment", f"{updated}-{old}")]
+        + [("create", kind, name.format(generation=old)) for kind, name in created]
+    )
     assert mc.parent["status"]["rollout"]["servingGeneration"] == old
     assert "incomingGeneration" not in mc.parent["status"]["rollout"]
 

@@ -20,6 +20,17 @@ def converged(hooks, path: Path) -> Metacontroller:
     return Metacontroller(hooks, path).serve()
 
 
+def serving_generation(mc: Metacontroller) -> str | None:
+    """Under BlueGreen, the generation that serves, whose name each of its workloads carries."""
+    return (mc.parent["status"].get("rollout") or {}).get("servingGeneration")
+
+
+def workload_name(mc: Metacontroller, service: str) -> str:
+    name = f"{mc.parent['metadata']['name']}-{service}"
+    generation = serving_generation(mc)
+    return f"{name}-{generation}" if generation else name
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_first_sync_creates_everything_then_quiet(hooks, path: Path) -> None:
     mc = Metacontroller(hooks, path)
@@ -40,7 +51,6 @@ def test_second_sync_of_unchanged_world_writes_nothing(hooks, path: Path) -> Non
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_scaling_one_pool_writes_exactly_that_child(hooks, path: Path) -> None:
     mc = converged(hooks, path)
-    idep = mc.parent["metadata"]["name"]
     worker = next(
         name
         for name, svc in sorted(mc.parent["spec"]["services"].items())
@@ -48,21 +58,22 @@ def test_scaling_one_pool_writes_exactly_that_child(hooks, path: Path) -> None:
     )
     mc.edit(lambda spec: spec["services"][worker].update(replicas=spec["services"][worker].get("replicas", 1) + 2))
     kind = workload_kind(mc.parent["spec"]["services"][worker])
+    name = workload_name(mc, worker)
     writes = mc.sync()
-    assert mc.child_writes(writes) == [("update", kind, f"{idep}-{worker}")]
-    assert (
-        mc.children[(kind, f"{idep}-{worker}")]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
-    )
+    assert mc.child_writes(writes) == [("update", kind, name)]
+    assert mc.children[(kind, name)]["spec"]["replicas"] == mc.parent["spec"]["services"][worker]["replicas"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=IDS)
 def test_removing_a_service_prunes_exactly_its_objects(hooks, path: Path) -> None:
     mc = converged(hooks, path)
     idep = mc.parent["metadata"]["name"]
-    services = mc.parent["spec"]["services"]
+    services = dict(mc.parent["spec"]["services"])
+    blue_green = serving_generation(mc) is not None
     # Remove the server when there is one (it owns a Service too), else one of several workers.
-    victim = "server" if "server" in services else sorted(services)[0]
-    expected = [("delete", workload_kind(services[victim]), f"{idep}-{victim}")]
+    # Under BlueGreen a worker: the server is the front door a rollout moves.
+    victim = "server" if "server" in services and not blue_green else sorted(services)[0]
+    expected = [] if blue_green else [("delete", workload_kind(services[victim]), f"{idep}-{victim}")]
     if services[victim]["componentType"] == "server":
         expected.append(("delete", "Service", f"{idep}-{victim}"))
     # A worker pool has a disruption budget; a server, when it keeps more than one replica.
@@ -78,7 +89,16 @@ def test_removing_a_service_prunes_exactly_its_objects(hooks, path: Path) -> Non
         if servers == [victim]:
             expected += [("update", "NetworkPolicy", f"{idep}-{s}") for s in services if s != victim]
     mc.edit(lambda spec: spec["services"].pop(victim))
-    assert sorted(mc.child_writes(mc.sync())) == sorted(expected)
+    writes = mc.child_writes(mc.sync())
+    if blue_green:
+        # A change to what runs: the other services start as a generation of their own beside
+        # the serving one, which (the victim's workload with it) goes once the new one serves.
+        new = mc.parent["status"]["rollout"]["incomingGeneration"]
+        expected += [("create", workload_kind(svc), f"{idep}-{s}-{new}") for s, svc in services.items() if s != victim]
+    assert sorted(writes) == sorted(expected)
+    if blue_green:
+        mc.serve()
+        assert not [name for _, name in mc.children if name.startswith(f"{idep}-{victim}")]
     assert mc.sync() == []
 
 

@@ -24,6 +24,7 @@ def test_the_documented_examples_exist() -> None:
         "pd-model-cache.yaml",
         "gated-model-cache.yaml",
         "pd-monitored.yaml",
+        "pd-blue-green.yaml",
     }
 
 
@@ -41,6 +42,9 @@ def isolated(*parts: str) -> set[tuple[str, str]]:
     """The NetworkPolicies of an isolated graph's parts (`networkPolicy.isolate: graph`)."""
     return {("NetworkPolicy", part) for part in parts}
 
+
+# The generation examples/pd-blue-green.yaml renders (tests/golden/pd-blue-green.yaml).
+GENERATION = "8d8de081"
 
 EXPECTED = {
     "pd-disaggregated.yaml": (
@@ -116,6 +120,15 @@ EXPECTED = {
         }
         | IDENTITIES
         | budgets("prefill", "decode"),
+    ),
+    # Under BlueGreen a generation's workloads carry its name (GENERATION: the spec's digest).
+    "pd-blue-green.yaml": (
+        "qwen-bg",
+        PLUMBING
+        | {("Deployment", f"{s}-{GENERATION}") for s in ("server", "prefill", "decode")}
+        | {("Service", "server")}
+        # Two routers: a drain keeps one.
+        | budgets("prefill", "decode", "server"),
     ),
     "pd-monitored.yaml": (
         "qwen-mon",

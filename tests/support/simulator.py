@@ -166,6 +166,13 @@ class Metacontroller:
             if (pod["metadata"]["ownerReferences"][0]["kind"], pod["metadata"]["ownerReferences"][0]["name"]) in alive
         }
 
+    def created_before(self, children: list[dict[str, Any]]) -> None:
+        """The children an earlier build's answer had Metacontroller create, as it stored them:
+        with the controller-uid label, the controller reference and the last-applied record of
+        that answer."""
+        for child in children:
+            self.children[(child["kind"], child["metadata"]["name"])] = self._created(self._stamp(child))
+
     def customize(self) -> dict[str, Any]:
         return self.client.hook_raw("/customize", {"controller": self.composite, "parent": self.parent})
 

@@ -1,7 +1,9 @@
 """What a generation is made of, and how a server Service's selector may change."""
 
 import copy
+import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,12 +12,15 @@ from hooks import generations
 from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.immutable import encoded, keep_immutable_fields
+from hooks.observed import pod_templates
 from hooks.reconcile import render_children
-from tests.support.requests import PD, parent
+from tests.support.requests import EXAMPLES, PD, parent
+
+GAIE_PD = EXAMPLES / "gaie-pd.yaml"
 
 
-def rendered(change: Any = None) -> list[dict[str, Any]]:
-    obj = parent(PD)
+def rendered(change: Any = None, example: Path = PD) -> list[dict[str, Any]]:
+    obj = parent(example)
     obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
     if change:
         change(obj["spec"])
@@ -31,6 +36,89 @@ def test_replicas_pod_metadata_and_autoscaling_bounds_are_not_part_of_a_generati
         spec["services"]["prefill"]["disruptionBudget"] = {"maxUnavailable": 2}
 
     assert generations.digest(rendered(scaled)) == BASE
+
+
+CPU = {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}
+SPREAD = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+
+
+def patched(spec: dict[str, Any]) -> None:
+    target = {"kind": "Deployment", "name": "qwen-pd-prefill"}
+    add = {"op": "add", "path": "/spec/template/spec/topologySpreadConstraints", "value": [SPREAD]}
+    spec["patches"] = [{"target": target, "patch": [add]}]
+
+
+@pytest.mark.parametrize(
+    ("spread", "unspread"),
+    [
+        (lambda spec: spec["services"]["server"].update(replicas=2), None),
+        (
+            lambda spec: spec["services"]["server"].update(
+                autoscaling={"minReplicas": 1, "maxReplicas": 3, "metrics": [CPU]}
+            ),
+            None,
+        ),
+        # A template of its own drops the worker's /boot mount; the spread is all that differs.
+        (
+            lambda spec: spec["services"]["decode"].update(extraPodSpec={"topologySpreadConstraints": [SPREAD]}),
+            lambda spec: spec["services"]["decode"].update(extraPodSpec={}),
+        ),
+        (patched, None),
+    ],
+    ids=["two routers", "autoscaled routers", "extraPodSpec", "patch"],
+)
+def test_placement_across_nodes_is_not_part_of_a_generation(spread, unspread) -> None:
+    """The spread the hook gives several routers follows their count; the user's own spread
+    (a template, a patch) is left out alike: it says where pods run, not what they run."""
+    children = rendered(spread)
+    assert any("topologySpreadConstraints" in spec for spec in template_specs(children))
+    assert generations.digest(children) == generations.digest(rendered(unspread))
+
+
+def test_several_endpoint_pickers_are_the_same_generation_as_one() -> None:
+    def pickers(spec: dict[str, Any]) -> None:
+        spec["gaie"]["eppReplicas"] = 3
+
+    spread = rendered(pickers, GAIE_PD)
+    assert any("topologySpreadConstraints" in spec for spec in template_specs(spread))
+    assert generations.digest(spread) == generations.digest(rendered(example=GAIE_PD))
+
+
+def template_specs(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [template["spec"] for child in children for template, _ in pod_templates(child)]
+
+
+def digest_of_whole_templates(children: list[dict[str, Any]]) -> str:
+    """generations.digest as it was before placement was left out (up to a2fc70b): every
+    template's whole spec."""
+    runs = [
+        [
+            child["kind"],
+            child["metadata"]["name"],
+            (child["spec"].get("leaderWorkerTemplate") or {}).get("size"),
+            [template["spec"] for template, _ in pod_templates(child)],
+        ]
+        for child in children
+        if child["kind"] in ("Deployment", "LeaderWorkerSet")
+    ]
+    runs.sort(key=lambda run: (run[0], run[1]))
+    return hashlib.sha256(json.dumps(runs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
+
+
+# Every example BlueGreen accepts (etcd discovery keeps no generations apart).
+BLUE_GREEN_EXAMPLES = sorted(path for path in EXAMPLES.glob("*.yaml") if path.name != "etcd-discovery.yaml")
+# Those with several routers or pickers, which the hook spreads across nodes.
+SPREAD_EXAMPLES = {"pd-blue-green.yaml", "pd-monitored.yaml"}
+
+
+@pytest.mark.parametrize("example", BLUE_GREEN_EXAMPLES, ids=lambda path: path.name)
+def test_a_graph_without_spread_keeps_the_generation_it_had(example: Path) -> None:
+    """Leaving placement out renames no running generation whose pods have none: upgrading the
+    hook starts no rollout of them."""
+    children = rendered(example=example)
+    spread = any("topologySpreadConstraints" in spec for spec in template_specs(children))
+    assert spread == (example.name in SPREAD_EXAMPLES)
+    assert (generations.digest(children) == digest_of_whole_templates(children)) != spread
 
 
 def test_what_a_process_runs_is_part_of_a_generation() -> None:
