@@ -137,7 +137,9 @@ def with_templates_recorded(children: list[dict[str, Any]]) -> list[dict[str, An
     workloads = [c for c in children if c["kind"] in WORKLOAD_KINDS and generation_of(c)]
     if not workloads:
         return children
-    record = json.dumps(sorted([c["kind"], _plain_name(c), template_digest(c)] for c in workloads))
+    record = json.dumps(
+        sorted([c["kind"], _plain_name(c), template_digest(c)] for c in workloads), separators=(",", ":")
+    )
     recording = {id(child) for child in workloads}
     return [_annotated(child, record) if id(child) in recording else child for child in children]
 

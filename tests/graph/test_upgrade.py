@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from hooks.generations import TEMPLATES_ANNOTATION
 from tests.support.prerequisites import REPO
 from tests.support.requests import load_yaml
-from tests.support.simulator import Metacontroller
+from tests.support.simulator import LAST_APPLIED, Metacontroller
 
 EXAMPLE = REPO / "examples" / "pd-blue-green.yaml"
 UPGRADE = REPO / "tests" / "golden" / "upgrade"
@@ -50,6 +51,26 @@ def template_spec(children: dict[tuple[str, str], dict[str, Any]], name: str) ->
     return children[("Deployment", name)]["spec"]["template"]["spec"]
 
 
+def unrecorded(children: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The children without the record of a generation's templates this build adds to each
+    BlueGreen workload, and without Metacontroller's record of what it applied: what the update
+    that adds it changes, no pod of it."""
+    bare = copy.deepcopy(children)
+    for child in bare.values():
+        annotations = child["metadata"].get("annotations") or {}
+        for key in (TEMPLATES_ANNOTATION, LAST_APPLIED):
+            annotations.pop(key, None)
+        if "annotations" in child["metadata"] and not annotations:
+            del child["metadata"]["annotations"]
+        child["metadata"].pop("resourceVersion", None)
+    return bare
+
+
+def recorded(generation: str) -> list[tuple[str, str, str]]:
+    """The updates this build's first sync makes to record the templates of `generation`."""
+    return [("update", "Deployment", f"qwen-bg-{s}-{generation}") for s in ("decode", "prefill", "server")]
+
+
 @pytest.mark.parametrize(
     ("fixture", "shape", "suffix"),
     [("pd-blue-green", lambda idep: idep, f"-{OLD_GENERATION}"), ("pd-blue-green-rolling-update", rolling_update, "")],
@@ -63,8 +84,9 @@ def test_upgrading_from_the_build_before_monitoring_only_spreads_the_routers(hoo
 
     writes = mc.child_writes(mc.sync())
 
-    # No generation starts: the server's Deployment alone changes, in place.
-    assert writes == [("update", "Deployment", server)]
+    # No generation starts: the server's Deployment alone changes its pods, in place (under
+    # BlueGreen every workload of the generation gains the record of its templates, no pod).
+    assert writes == (recorded(OLD_GENERATION) if suffix else [("update", "Deployment", server)])
     spread = SPREAD | {
         "labelSelector": {
             "matchLabels": {"infera.amd.com/deployment": "qwen-bg", "infera.amd.com/service": "server"}
@@ -72,8 +94,8 @@ def test_upgrading_from_the_build_before_monitoring_only_spreads_the_routers(hoo
         }
     }
     assert template_spec(mc.children, server) == template_spec(before, server) | {"topologySpreadConstraints": [spread]}
-    assert {key: child for key, child in mc.children.items() if key != ("Deployment", server)} == {
-        key: child for key, child in before.items() if key != ("Deployment", server)
+    assert {key: child for key, child in unrecorded(mc.children).items() if key != ("Deployment", server)} == {
+        key: child for key, child in unrecorded(before).items() if key != ("Deployment", server)
     }
     assert mc.parent["status"].get("rollout") == (stable(OLD_GENERATION) if suffix else None)
     # The server's pods roll as any change to them does; then nothing more is written.
@@ -102,8 +124,9 @@ def test_a_generation_named_with_its_spread_keeps_serving_under_its_name(hooks) 
     this build names."""
     mc = created_by(SPREAD_IN_DIGEST, "pd-blue-green", load_yaml(EXAMPLE)[0], hooks)
     before = copy.deepcopy(mc.children)
+    assert mc.child_writes(mc.sync()) == recorded(SPREAD_GENERATION)
+    assert unrecorded(mc.children) == unrecorded(before)
     assert mc.child_writes(mc.sync()) == []
-    assert mc.children == before
     assert mc.parent["status"]["rollout"] == stable(SPREAD_GENERATION)
     assert mc.parent["status"]["state"] == "ready"
 
@@ -138,6 +161,8 @@ def test_a_generation_named_with_its_spread_may_switch_to_rolling_update_on_its_
     assert mc.child_writes(mc.sync()) == [
         ("delete", "Deployment", f"qwen-bg-{s}-{SPREAD_GENERATION}") for s in ("decode", "prefill", "server")
     ]
+    assert mc.parent["status"]["rollout"]["phase"] == "Draining"
+    assert mc.child_writes(mc.sync()) == []
     assert mc.sync() == []
     assert "rollout" not in mc.parent["status"] and mc.parent["status"]["state"] == "ready"
 
@@ -158,8 +183,9 @@ def test_a_rollout_in_flight_under_a_build_that_digested_the_spread_goes_on(hook
     mc.mark_ready(lambda kind, name: 0 if name in new else None)
     before = copy.deepcopy(mc.children)
 
-    assert mc.child_writes(mc.sync()) == []
-    assert mc.children == before
+    # The incoming generation, rendered, gains the record; the serving one is kept as applied.
+    assert mc.child_writes(mc.sync()) == recorded(SPREAD_NEW_IMAGE_GENERATION)
+    assert unrecorded(mc.children) == unrecorded(before)
     rollout = mc.parent["status"]["rollout"]
     assert (rollout["phase"], rollout["servingGeneration"], rollout["incomingGeneration"]) == (
         "Progressing",
