@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hooks.kubernetes_names import DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX
 from hooks.vocabulary import (
@@ -31,11 +31,44 @@ from hooks.vocabulary import (
     POOL_SUFFIX,
     REGISTRATION_SUFFIX,
     ROUTE_SUFFIX,
+    Service,
 )
 
-if TYPE_CHECKING:
-    from hooks.api.graph import InferaDeploymentSpec
-    from hooks.api.services import ServiceSpec
+
+# What the table reads of a spec: protocols, not the API's types, which are built from its rules
+# (hooks/api/rules.py takes its length and claim rules from here).
+class _Switch(Protocol):
+    @property
+    def deploy(self) -> bool: ...
+
+
+class _Gateway(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+
+class GraphSpec(Protocol):
+    @property
+    def services(self) -> Mapping[str, Service]: ...
+
+    @property
+    def nats(self) -> _Switch: ...
+
+    @property
+    def gaie(self) -> _Gateway: ...
+
+    @property
+    def discovery_backend(self) -> str: ...
+
+    @property
+    def model_cache(self) -> object | None: ...
+
+    @property
+    def monitoring(self) -> object | None: ...
+
+    @property
+    def blue_green(self) -> bool: ...
+
 
 # The groups of a multi-node service: the LeaderWorkerSet controller names each group's
 # StatefulSet <LeaderWorkerSet>-<group>, and the table leaves room for the numbers 0 to 9999.
@@ -101,8 +134,8 @@ class When:
     words: str
     graph_cel: str = ""
     service_cel: str = ""
-    graph: Callable[[InferaDeploymentSpec], bool] = _always
-    service: Callable[[ServiceSpec], bool] = _always
+    graph: Callable[[GraphSpec], bool] = _always
+    service: Callable[[Service], bool] = _always
 
     @property
     def cel(self) -> str:
@@ -335,7 +368,7 @@ class LengthRule:
         rule = f"self.spec.services.all(s, {guard}{fits} + size(s) <= {self.name.limit})"
         return {"rule": rule, "message": self.message, "fieldPath": SERVICES}
 
-    def problems(self, graph: str, spec: InferaDeploymentSpec) -> Iterator[str]:
+    def problems(self, graph: str, spec: GraphSpec) -> Iterator[str]:
         if not self.name.when.graph(spec):
             return
         if self.name.per_service:
@@ -417,7 +450,7 @@ class ClaimRule:
             "fieldPath": SERVICES,
         }
 
-    def problems(self, graph: str, spec: InferaDeploymentSpec) -> Iterator[str]:
+    def problems(self, graph: str, spec: GraphSpec) -> Iterator[str]:
         for service, svc in sorted(spec.services.items()):
             if self.when.service(svc) and self.regex.search(service):
                 yield self.message(graph, service)
@@ -453,7 +486,7 @@ CLAIM_RULES = _claim_rules()
 RULES: tuple[ClaimRule | LengthRule, ...] = (*CLAIM_RULES, *LENGTH_RULES)
 
 
-def problems(graph: str, spec: InferaDeploymentSpec) -> Iterator[str]:
+def problems(graph: str, spec: GraphSpec) -> Iterator[str]:
     """Why the graph's names break a rule of the table, each in the words of its CEL twin."""
     for rule in RULES:
         yield from rule.problems(graph, spec)
