@@ -414,9 +414,10 @@ def _model_cache_status(idep: InferaDeployment, download: Download | None) -> Mo
     return ModelCacheStatus(phase=download.phase, source=cache.source, job=job, message=message)
 
 
-def terminating(message: str) -> InferaDeploymentStatus:
-    """During teardown only the state and what the finalizer waits on are reported."""
-    return InferaDeploymentStatus(state="terminating", message=message)
+def terminating(message: str, drained: Condition | None = None) -> InferaDeploymentStatus:
+    """During teardown only the state and what the finalizer waits on are reported, and once the
+    workers' pods are waited for, the Drained condition."""
+    return InferaDeploymentStatus(state="terminating", message=message, conditions=[drained] if drained else None)
 
 
 # A failure message quotes what is wrong, and a hostile spec can make that anything: the status

@@ -17,7 +17,8 @@ from hooks.api.fields import SpecError, nesting
 from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, field_at
 from hooks.encoding import Path
 from hooks.limits import MAX_NESTING, RenderedSize, json_size
-from hooks.vocabulary import DEPLOYMENT_LABEL, GENERATION_LABEL, SERVICE_LABEL
+from hooks.observed import POD_TEMPLATE_PATHS
+from hooks.vocabulary import COMPONENT_LABEL, DEPLOYMENT_LABEL, GAIE_FRONTEND_LABEL, GENERATION_LABEL, SERVICE_LABEL
 
 # A field a patch may not change, and who sets it (for the message).
 Owned = tuple[Path, str]
@@ -51,9 +52,25 @@ OWNED_FIELDS: dict[str, tuple[Owned, ...]] = {
 }
 
 
+# The labels by which the graph's pods are told apart: the routers' and the Endpoint Picker's
+# selectors, the InferencePool's, the network policies', the budgets' and the teardown's.
+POD_IDENTITY_LABELS = (DEPLOYMENT_LABEL, SERVICE_LABEL, COMPONENT_LABEL, GENERATION_LABEL, GAIE_FRONTEND_LABEL)
+POD_IDENTITY_OWNER = (
+    "the hook (the routers, the InferencePool, the network policies and the teardown select pods by it)"
+)
+
+
 def owned_fields(child: dict[str, Any]) -> Iterable[Owned]:
-    """What no patch may change in `child`, whatever the spec says."""
-    return OWNED_FIELDS["*"] + OWNED_FIELDS.get(child["kind"], ())
+    """What no patch may change in `child`, whatever the spec says: with the fields every child of
+    its kind keeps, the identity labels of each pod template it has. A template a patch removes
+    whole is left to the API server's schema (a group needs its worker template)."""
+    templates = tuple(
+        ((*path, "metadata", "labels", label), POD_IDENTITY_OWNER)
+        for path in POD_TEMPLATE_PATHS.get(child["kind"], ())
+        if isinstance(field_at(child, *path), dict)
+        for label in POD_IDENTITY_LABELS
+    )
+    return OWNED_FIELDS["*"] + OWNED_FIELDS.get(child["kind"], ()) + templates
 
 
 def _identity(child: dict) -> tuple:
@@ -157,7 +174,8 @@ def apply_patches(
                 raise SpecError(f"{at}: {error}") from None
         if not isinstance(patched, dict) or _identity(patched) != identity:
             raise SpecError(f"{where}: a patch must not change apiVersion, kind, metadata.name or the identity labels")
-        changed = _changed_owned_field(rendered[position], patched, owned(rendered[position]))
+        # What the patched child still has is owned: its templates' labels, not a template it drops.
+        changed = _changed_owned_field(rendered[position], patched, owned(patched))
         if changed is not None:
             raise SpecError(f"{where}: {changed}, not by a patch")
         children[position] = patched

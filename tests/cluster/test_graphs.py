@@ -25,7 +25,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from hooks import teardown
 from hooks.api.status import State
+from hooks.contract import parse_request
 from hooks.vocabulary import CHILD_KINDS
 from tests.support import kubelet
 from tests.support.cluster import NODE_NAMES, Cluster, accepted_status, graph_namespace
@@ -36,7 +38,7 @@ from tests.support.e2e.tokenizer import build_tokenizer
 from tests.support.localcluster import COMPONENTS, CONTROLLER, METACONTROLLER_USER, Installed
 from tests.support.metrics_api import running_metrics_api
 from tests.support.prerequisites import REPO, SHARED, need_runtime
-from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
+from tests.support.requests import RESOURCE_KINDS, controller, load_yaml, request_body
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
 
@@ -180,6 +182,16 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
     ]
     assert asking_gpus and all(pod["spec"]["nodeName"] in NODE_NAMES for pod in pods)
     assert all(pod["status"]["phase"] in ("Running", "Succeeded") for pod in pods)
+    # Teardown waits for the pods the worker pools' own controllers own (the Deployment's
+    # ReplicaSet, the LeaderWorkerSet's StatefulSets), as those controllers name them: every worker
+    # pod, and no other.
+    workers = {service for service, svc in idep["spec"]["services"].items() if svc["componentType"] == "worker"}
+    request = parse_request(
+        request_body(parent, finalizing=True, related=[{**p, "kind": "Pod", "apiVersion": "v1"} for p in pods])
+    )
+    assert sorted(p["metadata"]["name"] for p in teardown.worker_pods(request) or []) == sorted(
+        p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["infera.amd.com/service"] in workers
+    )
     # A front door spread across nodes (several routers or pickers) runs one replica per node:
     # the real scheduler reads the rendered constraints as meant.
     for deployment in get(cluster, "-n", namespace, "deployments")["items"]:
@@ -327,6 +339,19 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
     parent = ready_graph(installed, "teardown")
     uid = parent["metadata"]["uid"]
     assert parent["metadata"]["finalizers"] == [f"metacontroller.io/compositecontroller-{CONTROLLER}"]
+    # A copy of a worker pod made to debug it: the graph's labels (not its ReplicaSet's, which
+    # would adopt it), no owner. It holds nothing.
+    (prefill,) = get(cluster, "-n", "teardown", "pods", "-l", "infera.amd.com/service=prefill")["items"]
+    labels = {key: value for key, value in prefill["metadata"]["labels"].items() if key.startswith("infera.amd.com/")}
+    assert labels["infera.amd.com/component"] == "worker"
+    debug = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "debug-qwen-pd-prefill", "labels": labels},
+        "spec": {"containers": [{"name": "debug", "image": "busybox"}]},
+    }
+    created = cluster.kubectl("create", "-n", "teardown", "-f", "-", stdin=json.dumps(debug))
+    assert created.returncode == 0, created.stderr
 
     # With the hooks unreachable the graph stays Terminating and keeps every child.
     set_hook_urls(cluster, "http://127.0.0.1:9")
@@ -348,7 +373,9 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
     waited = cluster.kubectl("wait", "-n", "teardown", "--for=delete", "idep/qwen-pd", "--timeout=120s", timeout=150)
     assert waited.returncode == 0, waited.stderr
     eventually(lambda: not children(cluster, "teardown", uid), "the garbage collector")
-    assert get(cluster, "-n", "teardown", "pods")["items"] == []
+    pods = get(cluster, "-n", "teardown", "pods")["items"]
+    assert [pod["metadata"]["name"] for pod in pods] == ["debug-qwen-pd-prefill"]
+    assert cluster.kubectl("delete", "-n", "teardown", "pod", "debug-qwen-pd-prefill").returncode == 0
     deletes = [
         (resource, name) for verb, resource, name in driver_writes(cluster, "teardown", since) if verb == "delete"
     ]

@@ -503,9 +503,17 @@ def test_deleting_a_graph_mid_rollout_tears_down_both_generations_in_order(hooks
         child_name.endswith((f"-{old}", f"-{new}")) and ("prefill" in child_name or "decode" in child_name)
         for _, child_name in workers
     )
+    # Both generations' worker pods, owned by their ReplicaSets (`<idep>-<service>-<generation>-<hash>`),
+    # hold the plane.
+    pods = {name: pod for name, pod in mc.pods.items() if pod["metadata"]["labels"].get(COMPONENT_LABEL) == "worker"}
+    assert {pod["metadata"]["labels"][GENERATION_LABEL] for pod in pods.values()} == {old, new}
+    messages = []
     while not mc.finalized:
         if not mc.finalize():
             mc.pods_finish_draining()
+        messages.append(mc.parent["status"]["message"])
+    named = ", ".join(sorted(pods)[:3])
+    assert f"waiting for {len(pods)} worker pods to finish draining: {named} and {len(pods) - 3} more" in messages
     assert mc.children == {}
 
 

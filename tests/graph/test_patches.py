@@ -178,3 +178,110 @@ def test_patch_that_removes_a_groups_worker_template_fails_and_keeps_children(ho
         "spec.leaderWorkerTemplate.workerTemplate: is required: the LeaderWorkerSet CRD refuses a group without it"
     )
     assert {key: c["metadata"]["resourceVersion"] for key, c in mc.children.items()} == before
+
+
+POD_IDENTITY_OWNER = (
+    "the hook (the routers, the InferencePool, the network policies and the teardown select pods by it)"
+)
+
+
+def label(key: str) -> str:
+    return f"infera.amd.com~1{key}"
+
+
+# What tells the graph's pods apart: a worker relabelled `server` would be deleted with the
+# ingress, and the broker and the accounts with it while it still drains; the other labels move a
+# pod into or out of a router's, the InferencePool's, a network policy's or a budget's selection.
+RELABELLINGS = {
+    "a worker as a server": (
+        "Deployment",
+        "qwen-pd-prefill",
+        {"op": "replace", "path": f"/spec/template/metadata/labels/{label('component')}", "value": "server"},
+        "spec.template.metadata.labels.infera.amd.com/component",
+    ),
+    "a group's ranks as a server": (
+        "LeaderWorkerSet",
+        "qwen-pd-decode",
+        {
+            "op": "replace",
+            "path": f"/spec/leaderWorkerTemplate/workerTemplate/metadata/labels/{label('component')}",
+            "value": "server",
+        },
+        "spec.leaderWorkerTemplate.workerTemplate.metadata.labels.infera.amd.com/component",
+    ),
+    "a group's leader into another service": (
+        "LeaderWorkerSet",
+        "qwen-pd-decode",
+        {
+            "op": "replace",
+            "path": f"/spec/leaderWorkerTemplate/leaderTemplate/metadata/labels/{label('service')}",
+            "value": "prefill",
+        },
+        "spec.leaderWorkerTemplate.leaderTemplate.metadata.labels.infera.amd.com/service",
+    ),
+    "a server into another graph": (
+        "Deployment",
+        "qwen-pd-server",
+        {"op": "replace", "path": f"/spec/template/metadata/labels/{label('deployment')}", "value": "other"},
+        "spec.template.metadata.labels.infera.amd.com/deployment",
+    ),
+    "a generation outside BlueGreen": (
+        "Deployment",
+        "qwen-pd-prefill",
+        {"op": "add", "path": f"/spec/template/metadata/labels/{label('generation')}", "value": "abc"},
+        "spec.template.metadata.labels.infera.amd.com/generation",
+    ),
+    "a pod into the InferencePool": (
+        "Deployment",
+        "qwen-pd-prefill",
+        {"op": "add", "path": f"/spec/template/metadata/labels/{label('gaie-frontend')}", "value": "true"},
+        "spec.template.metadata.labels.infera.amd.com/gaie-frontend",
+    ),
+    "every label replaced": (
+        "Deployment",
+        "qwen-pd-prefill",
+        {"op": "replace", "path": "/spec/template/metadata/labels", "value": {"example.com/team": "a"}},
+        "spec.template.metadata.labels.infera.amd.com/deployment",
+    ),
+    "the broker as a worker": (
+        "StatefulSet",
+        "qwen-pd-nats",
+        {"op": "replace", "path": f"/spec/template/metadata/labels/{label('component')}", "value": "worker"},
+        "spec.template.metadata.labels.infera.amd.com/component",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RELABELLINGS)
+def test_a_patch_does_not_relabel_a_pod_template(hooks, case: str) -> None:
+    need_schemas()
+    kind, name, operation, field = RELABELLINGS[case]
+    obj = with_patches({"target": {"kind": kind, "name": name}, "patch": [operation]})
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    assert mc.children == {}
+    assert mc.parent["status"]["state"] == "failed"
+    assert mc.parent["status"]["message"] == (
+        f"patches[0] ({kind} {name}): {field} is set by {POD_IDENTITY_OWNER}, not by a patch"
+    )
+
+
+def test_a_patch_adds_labels_of_its_own_to_a_pod_template(hooks) -> None:
+    need_schemas()
+    team = {"op": "add", "path": "/spec/template/metadata/labels/example.com~1team", "value": "a"}
+    also = {
+        "op": "add",
+        "path": "/spec/leaderWorkerTemplate/workerTemplate/metadata/labels/example.com~1team",
+        "value": "a",
+    }
+    obj = with_patches(
+        {"target": {"kind": "Deployment", "name": "qwen-pd-prefill"}, "patch": [team]},
+        {"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"}, "patch": [also]},
+    )
+    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    answer = hooks.sync(obj)
+    prefill = child(answer, "Deployment", "qwen-pd-prefill")["spec"]["template"]["metadata"]["labels"]
+    ranks = child(answer, "LeaderWorkerSet", "qwen-pd-decode")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert prefill["example.com/team"] == ranks["metadata"]["labels"]["example.com/team"] == "a"
+    assert prefill["infera.amd.com/component"] == "worker"

@@ -1,13 +1,19 @@
 """The finalize and customize hooks: ordered, drain-aware teardown through the simulator."""
 
+import copy
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from hooks import teardown
 from hooks.contract import parse_request
 from tests.support.prerequisites import REPO, need_schemas
 from tests.support.requests import controller, parent, request_body
-from tests.support.simulator import Metacontroller
+from tests.support.simulator import LAST_APPLIED, Metacontroller
 
+TIME = "%Y-%m-%dT%H:%M:%SZ"
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway"}
 QUEUE_DEPTH = {
     "type": "Pods",
@@ -63,6 +69,13 @@ def deleted(writes: list[tuple[str, str, str]]) -> set[tuple[str, str]]:
     return {(kind, name) for op, kind, name in writes if op == "delete"}
 
 
+def draining(mc: Metacontroller) -> str:
+    """The worker pods of full_graph, as a message names them: the decode group's leader and its
+    other rank, and prefill's (its ReplicaSet's: `<deployment>-<pod-template-hash>-<suffix>`)."""
+    (prefill,) = [name for name in mc.pods if name.startswith("qwen-pd-prefill-")]
+    return f"qwen-pd-decode-0, qwen-pd-decode-0-1, {prefill}"
+
+
 def worker_pod_count(mc: Metacontroller) -> int:
     return sum(1 for pod in mc.pods.values() if pod["metadata"]["labels"].get("infera.amd.com/component") == "worker")
 
@@ -83,20 +96,41 @@ def test_teardown_order_and_idempotence(hooks) -> None:
     assert mc.parent["status"]["message"] == "draining 2 worker pools"
     assert set(mc.children) == GATEWAY_PLANE
 
-    # 3. NATS and the discovery identity outlive every draining worker pod.
+    # 3. NATS and the discovery identity outlive every draining worker pod, named; the group's
+    # other pod is not deleted yet (its StatefulSet is its leader pod's), but its owner says it
+    # is a worker's.
     assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
-    assert mc.parent["status"]["message"] == "waiting for 3 worker pods to finish draining"
+    assert mc.parent["status"]["message"] == f"waiting for 3 worker pods to finish draining: {draining(mc)}"
+    assert "deletionTimestamp" not in mc.pods["qwen-pd-decode-0-1"]["metadata"]
+    (drained,) = mc.parent["status"]["conditions"]
+    assert drained == {
+        "type": "Drained",
+        "status": "False",
+        "reason": "PodsDraining",
+        "message": f"waiting for 3 worker pods to finish draining: {draining(mc)}",
+        "observedGeneration": 1,
+        "lastTransitionTime": drained["lastTransitionTime"],
+    }
     assert mc.finalize() == [] and mc.finalize() == []  # still draining: nothing changes
     assert set(mc.children) == GATEWAY_PLANE and not mc.finalized
     mc.pods_finish_draining()
     assert worker_pod_count(mc) == 0
     assert deleted(mc.finalize()) == GATEWAY_PLANE
     assert mc.parent["status"]["message"] == "removing the NATS broker and the pods' accounts (12 objects)"
+    assert [(c["status"], c["reason"]) for c in mc.parent["status"]["conditions"]] == [("True", "PodsGone")]
 
     # 4. Finalized only once nothing is observed.
     assert mc.children == {} and not mc.finalized
     assert mc.finalize() == [("finalized", "InferaDeployment", "qwen-pd")]
     assert mc.finalize_calls == 7  # ingress, workers, three while pods drain, plane, finalized
+
+
+def at_any_time(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer without the times its conditions changed: a wait that begins now says so."""
+    answer = copy.deepcopy(answer)
+    for condition in answer["status"].get("conditions", []):
+        condition["lastTransitionTime"] = "now"
+    return answer
 
 
 def test_every_stage_is_idempotent(hooks) -> None:
@@ -105,12 +139,11 @@ def test_every_stage_is_idempotent(hooks) -> None:
     stages = 0
     while not mc.finalized:
         request = parse_request(mc.body(finalizing=True))
-        # The function itself, twice, and through the app.
-        assert (
-            teardown.finalize(request)
-            == teardown.finalize(request)
-            == hooks.hook("/finalize", mc.body(finalizing=True))
-        )
+        # The function itself, twice at one moment, and through the app.
+        moment = datetime.now(UTC)
+        answer = teardown.finalize(request, lambda: moment)
+        assert teardown.finalize(request, lambda: moment) == answer
+        assert at_any_time(hooks.hook("/finalize", mc.body(finalizing=True))) == at_any_time(answer)
         writes = mc.finalize()
         if not writes:
             mc.pods_finish_draining()
@@ -131,13 +164,15 @@ def test_children_are_never_handed_back(hooks) -> None:
             mc.pods_finish_draining()
 
 
-def test_without_the_customize_hook_the_plane_waits_out_the_grace_period(hooks) -> None:
+def test_without_the_customize_hook_the_plane_waits_out_the_drain_bound(hooks) -> None:
     obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
     composite = controller()
     del composite["spec"]["hooks"]["customize"]
     mc = Metacontroller(hooks, obj, composite=composite)
     mc.converge()
     mc.run_pods()
+    # The hooks were down for long: the bound counts from when the wait for pods begins.
+    mc.parent["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert deleted(mc.finalize()) == {
         ("Deployment", "qwen-pd-server"),
         ("Service", "qwen-pd-server"),
@@ -145,28 +180,174 @@ def test_without_the_customize_hook_the_plane_waits_out_the_grace_period(hooks) 
         ("PodDisruptionBudget", "qwen-pd-decode"),
     }
     assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
-    # Pods are not visible: the plane stays for the longest worker grace period (60 s here).
-    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
-    assert mc.parent["status"]["message"] == "waiting for worker pods to finish draining (their grace period)"
-    assert set(mc.children) == PLANE
-    mc.parent["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # long ago
+    # Pods are not visible: the plane stays for the drain bound, a worker's grace period (120 s
+    # here) and the garbage collector's 30 s.
+    waiting = "the pods are not visible (no customize hook), so the plane waits 2m30s"
+    for _ in range(2):
+        assert mc.finalize() in ([("status", "InferaDeployment", "qwen-pd")], [])
+        assert mc.parent["status"]["message"] == f"waiting for worker pods to finish draining: {waiting}"
+        assert set(mc.children) == PLANE
+    (drained,) = mc.parent["status"]["conditions"]
+    assert (drained["status"], drained["reason"], drained["message"]) == ("False", "PodsNotVisible", waiting)
+    began = datetime.strptime(drained["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert datetime.now(UTC) - began < timedelta(minutes=1)
+
+    drained["lastTransitionTime"] = (began - timedelta(seconds=150)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert deleted(mc.finalize()) == PLANE
+    (drained,) = mc.parent["status"]["conditions"]
+    assert (drained["status"], drained["reason"], drained["message"]) == ("True", "DrainBoundPassed", "waited 2m30s")
     assert mc.finalize() == [("finalized", "InferaDeployment", "qwen-pd")]
+
+
+def to_the_plane(mc: Metacontroller) -> None:
+    """Ingress and workers deleted: the plane waits for the worker pods."""
+    assert deleted(mc.finalize()) == INGRESS
+    assert deleted(mc.finalize()) == WORKERS
+    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
+    assert set(mc.children) == GATEWAY_PLANE
+
+
+def worker_copy(mc: Metacontroller, name: str) -> dict[str, Any]:
+    """A copy of a worker pod made to debug it (`kubectl debug --copy-to` keeps its labels, not its
+    owner), or any pod a user labels as the graph's worker."""
+    (original,) = [pod for pod_name, pod in mc.pods.items() if pod_name.startswith("qwen-pd-prefill-")]
+    pod = copy.deepcopy(original)
+    pod["metadata"]["name"] = name
+    del pod["metadata"]["ownerReferences"]
+    pod["metadata"].pop("deletionTimestamp", None)
+    return pod
+
+
+def test_a_copy_of_a_worker_pod_does_not_hold_the_plane(hooks) -> None:
+    mc = full_graph(hooks)
+    mc.pods["debug-qwen-pd-prefill"] = worker_copy(mc, "debug-qwen-pd-prefill")
+    to_the_plane(mc)
+    assert mc.parent["status"]["message"] == f"waiting for 3 worker pods to finish draining: {draining(mc)}"
+    mc.pods_finish_draining()
+    assert "debug-qwen-pd-prefill" in mc.pods
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
+    assert mc.parent["status"]["message"] == "removing the NATS broker and the pods' accounts (12 objects)"
+
+
+def test_an_unowned_worker_pod_being_deleted_holds_the_plane_until_it_has_gone(hooks) -> None:
+    """Being deleted, a pod is draining, whoever owns it."""
+    mc = full_graph(hooks)
+    debug = worker_copy(mc, "debug-qwen-pd-prefill")
+    to_the_plane(mc)
+    mc.pods_finish_draining()
+    mc.pods["debug-qwen-pd-prefill"] = debug
+    debug["metadata"]["deletionTimestamp"] = (datetime.now(UTC) + timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
+    assert mc.parent["status"]["message"] == "waiting for 1 worker pods to finish draining: debug-qwen-pd-prefill"
+    assert set(mc.children) == GATEWAY_PLANE
+    mc.pods_finish_draining()
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
+
+
+def test_the_message_names_a_few_pods_and_counts_the_rest(hooks) -> None:
+    need_schemas()
+    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
+    obj["spec"]["services"]["prefill"]["replicas"] = 5
+    mc = Metacontroller(hooks, obj)
+    mc.converge()
+    mc.run_pods()
+    mc.finalize()
+    mc.finalize()
+    mc.finalize()
+    pods = sorted(name for name in mc.pods if not name.startswith(("qwen-pd-server-", "qwen-pd-nats-")))
+    assert len(pods) == 6
+    assert mc.parent["status"]["message"] == (
+        f"waiting for 6 worker pods to finish draining: {', '.join(pods[:3])} and 3 more"
+    )
+
+
+def test_the_wait_for_pods_is_bounded(hooks) -> None:
+    """A pod that does not go holds the plane until the drain bound at most: twice a worker's grace
+    period (120 s) and the garbage collector's 30 s each time, since a group's other pods are
+    deleted only once their leader has gone. Counted from when the wait began, not from the
+    deletion."""
+    mc = full_graph(hooks)
+    mc.parent["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # the hooks were down for long
+    to_the_plane(mc)
+    # A pod of a ReplicaSet the garbage collector does not delete (orphaned: `kubectl delete rs
+    # --cascade=orphan`), and a copy being deleted with a grace period of a day.
+    (kept,) = [copy.deepcopy(pod) for name, pod in mc.pods.items() if name.startswith("qwen-pd-prefill-")]
+    del kept["metadata"]["deletionTimestamp"]
+    kept["metadata"]["name"] = f"{kept['metadata']['name'][:-5]}4bx7q"  # one the ReplicaSet made since
+    debug = worker_copy(mc, "debug-qwen-pd-prefill")
+    debug["metadata"]["deletionTimestamp"] = (datetime.now(UTC) + timedelta(days=1)).strftime(TIME)
+    mc.pods_finish_draining()
+    mc.pods.update({kept["metadata"]["name"]: kept, "debug-qwen-pd-prefill": debug})
+    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
+    left = f"debug-qwen-pd-prefill, {kept['metadata']['name']}"
+    assert mc.parent["status"]["message"] == f"waiting for 2 worker pods to finish draining: {left}"
+
+    assert teardown.drain_bound(mc.parent) == timedelta(minutes=5)
+    (drained,) = mc.parent["status"]["conditions"]
+    began = datetime.strptime(drained["lastTransitionTime"], TIME).replace(tzinfo=UTC)
+    request = parse_request(mc.body(finalizing=True))
+    waiting = teardown.finalize(request, lambda: began + timedelta(minutes=5) - timedelta(seconds=1))
+    assert waiting["status"] == {
+        key: value for key, value in mc.parent["status"].items() if key != "observedGeneration"
+    }
+    assert {(c["kind"], c["metadata"]["name"]) for c in waiting["children"]} == GATEWAY_PLANE
+    let_go = teardown.finalize(request, lambda: began + timedelta(minutes=5))
+    message = f"2 worker pods did not finish draining in time and are left behind: {left}"
+    assert let_go["children"] == []
+    assert let_go["status"] == {
+        "state": "terminating",
+        "message": f"removing the NATS broker and the pods' accounts (12 objects); {message}",
+        "conditions": [
+            {
+                "type": "Drained",
+                "status": "True",
+                "reason": "DrainBoundPassed",
+                "message": message,
+                "observedGeneration": 1,
+                "lastTransitionTime": (began + timedelta(minutes=5)).strftime(TIME),
+            }
+        ],
+    }
+
+    # Through the simulator: the wait began five minutes ago. Once let go, the plane is never
+    # handed back, though the pods are still there.
+    drained["lastTransitionTime"] = (began - timedelta(minutes=5)).strftime(TIME)
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
+    assert mc.parent["status"]["conditions"][0]["reason"] == "DrainBoundPassed"
+    assert mc.finalize() == [("finalized", "InferaDeployment", "qwen-pd")]
+    assert {kept["metadata"]["name"], "debug-qwen-pd-prefill"} <= set(mc.pods)
+
+
+def test_the_plane_once_let_go_is_never_handed_back(hooks) -> None:
+    """A later call that still sees the plane (its deletion propagating) and a worker pod (a copy
+    deleted meanwhile) lets it go again."""
+    mc = full_graph(hooks)
+    debug = worker_copy(mc, "debug-qwen-pd-prefill")
+    to_the_plane(mc)
+    mc.pods_finish_draining()
+    request_children = parse_request(mc.body(finalizing=True)).children
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
+    debug["metadata"]["deletionTimestamp"] = datetime.now(UTC).strftime(TIME)
+    mc.pods["debug-qwen-pd-prefill"] = debug
+    body = mc.body(finalizing=True)
+    body["children"] = request_body(mc.parent, request_children, finalizing=True)["children"]
+    answer = hooks.hook("/finalize", body)
+    assert answer["children"] == []
+    assert answer["status"]["message"] == "removing the NATS broker and the pods' accounts (12 objects)"
 
 
 def test_a_pod_stuck_on_a_lost_node_does_not_hold_the_plane(hooks) -> None:
     mc = full_graph(hooks)
-    mc.finalize()
-    mc.finalize()
-    assert mc.parent["status"]["message"].startswith("draining")
-    mc.finalize()
-    assert mc.parent["status"]["message"] == "waiting for 3 worker pods to finish draining"
-    stuck = next(
-        pod for pod in mc.pods.values() if pod["metadata"]["labels"].get("infera.amd.com/component") == "worker"
-    )
-    mc.pods = {name: pod for name, pod in mc.pods.items() if pod is stuck}
+    to_the_plane(mc)
+    assert mc.parent["status"]["message"] == f"waiting for 3 worker pods to finish draining: {draining(mc)}"
+    stuck = mc.pods["qwen-pd-decode-0"]
+    mc.pods = {"qwen-pd-decode-0": stuck}
     stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # its grace period ended long ago
     assert deleted(mc.finalize()) == GATEWAY_PLANE
+    assert mc.parent["status"]["message"] == (
+        "removing the NATS broker and the pods' accounts (12 objects); "
+        "1 worker pods did not finish draining in time and are left behind: qwen-pd-decode-0"
+    )
 
 
 def test_parent_with_no_children_finalizes_at_once(hooks) -> None:
@@ -179,15 +360,71 @@ def test_parent_with_no_children_finalizes_at_once(hooks) -> None:
     }
 
 
-def test_invalid_spec_still_tears_down(hooks) -> None:
+UNREADABLE = {
+    "an invalid spec": lambda spec: spec.update(backendFramework="tensorrt"),
+    # Taken for a worker pool: the safe order for either kind.
+    "a pool the spec no longer names": lambda spec: spec["services"].pop("prefill"),
+    "a service that is not an object": lambda spec: spec["services"].update(prefill="prefill"),
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_an_unreadable_spec_still_tears_down_in_order(hooks, case: str) -> None:
     mc = Metacontroller(hooks, REPO / "examples" / "pd-disaggregated.yaml")
     mc.converge()
-    mc.edit(lambda spec: spec.update(backendFramework="tensorrt"))
-    calls = 0
-    while not mc.finalized:
-        mc.finalize()
-        calls += 1
-    assert calls == 4 and mc.children == {}
+    mc.edit(UNREADABLE[case])
+    assert deleted(mc.finalize()) == {
+        ("Deployment", "qwen-pd-server"),
+        ("Service", "qwen-pd-server"),
+        ("PodDisruptionBudget", "qwen-pd-prefill"),
+        ("PodDisruptionBudget", "qwen-pd-decode"),
+    }
+    assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
+    assert deleted(mc.finalize()) == PLANE
+    assert mc.finalize() == [("finalized", "InferaDeployment", "qwen-pd")]
+
+
+def test_services_that_are_not_readable_go_after_the_ingress(hooks) -> None:
+    """Without a readable componentType every workload is taken for a worker pool: each goes once
+    the Services no longer send it traffic, and the plane waits for their pods."""
+    mc = Metacontroller(hooks, REPO / "examples" / "pd-disaggregated.yaml")
+    mc.converge()
+    mc.run_pods()
+    mc.edit(lambda spec: spec.update(services=[]))
+    assert deleted(mc.finalize()) == {
+        ("Service", "qwen-pd-server"),
+        ("PodDisruptionBudget", "qwen-pd-prefill"),
+        ("PodDisruptionBudget", "qwen-pd-decode"),
+    }
+    assert deleted(mc.finalize()) == {
+        ("Deployment", "qwen-pd-server"),
+        ("Deployment", "qwen-pd-prefill"),
+        ("Deployment", "qwen-pd-decode"),
+    }
+    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
+    assert mc.parent["status"]["message"].startswith("waiting for 3 worker pods to finish draining: qwen-pd-decode-")
+    mc.pods_finish_draining()
+    assert deleted(mc.finalize()) == PLANE
+
+
+def test_pools_go_by_their_component_type_not_their_template_labels(hooks) -> None:
+    """A worker pool whose template an older build let a patch relabel `server` still goes after
+    the ingress, and the plane waits for its pods, labelled `server` as they are."""
+    mc = full_graph(hooks)
+    prefill = mc.children[("Deployment", "qwen-pd-prefill")]
+    prefill["spec"]["template"]["metadata"]["labels"]["infera.amd.com/component"] = "server"
+    applied = json.loads(prefill["metadata"]["annotations"][LAST_APPLIED])
+    applied["spec"]["template"]["metadata"]["labels"]["infera.amd.com/component"] = "server"
+    prefill["metadata"]["annotations"][LAST_APPLIED] = json.dumps(applied, sort_keys=True)
+    for name, pod in mc.pods.items():
+        if name.startswith("qwen-pd-prefill-"):
+            pod["metadata"]["labels"]["infera.amd.com/component"] = "server"
+    assert deleted(mc.finalize()) == INGRESS
+    assert deleted(mc.finalize()) == WORKERS
+    assert mc.finalize() == [("status", "InferaDeployment", "qwen-pd")]
+    assert mc.parent["status"]["message"] == f"waiting for 3 worker pods to finish draining: {draining(mc)}"
+    mc.pods_finish_draining()
+    assert deleted(mc.finalize()) == GATEWAY_PLANE
 
 
 def test_customize_asks_for_the_graphs_pods(hooks) -> None:

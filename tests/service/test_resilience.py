@@ -166,12 +166,15 @@ def test_a_finalize_that_waits_on_the_clock_is_never_answered_from_the_cache(tmp
         body = finalize_body()
         first = client.post("/finalize", body)
         assert first.status == 200 and "ETag" not in first.headers
-        assert first.json["status"]["message"] == "waiting for 1 worker pods to finish draining"
+        assert first.json["status"]["message"] == "waiting for 1 worker pods to finish draining: qwen-pd-prefill-0"
         assert first.json["resyncAfterSeconds"] == 5
         time.sleep(2.1)
         second = client.request("POST", "/finalize", json.dumps(body).encode())
         assert second.status == 200
-        assert second.json["status"]["message"] == "removing the NATS broker and the pods' accounts (9 objects)"
+        assert second.json["status"]["message"] == (
+            "removing the NATS broker and the pods' accounts (9 objects); "
+            "1 worker pods did not finish draining in time and are left behind: qwen-pd-prefill-0"
+        )
         assert second.json["children"] == []
 
 

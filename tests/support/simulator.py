@@ -9,6 +9,7 @@ can count them.
 """
 
 import copy
+import hashlib
 import itertools
 import json
 from collections.abc import Callable
@@ -28,10 +29,14 @@ def _now(offset_seconds: int) -> str:
     return (datetime.now(UTC) + timedelta(seconds=offset_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _templates_grace(workload: dict[str, Any]) -> int:
-    spec = workload.get("spec") or {}
-    template = spec.get("template") or (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
-    return (template.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+# The alphabet of the names Kubernetes generates (no vowels, no look-alikes).
+SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def _safe_encoded(text: str, length: int) -> str:
+    """A deterministic name suffix, as a Deployment's pod-template-hash or a pod's random suffix."""
+    number = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
+    return "".join(SAFE_ALPHABET[(number // len(SAFE_ALPHABET) ** i) % len(SAFE_ALPHABET)] for i in range(length))
 
 
 def gateway_status(accepted: bool) -> dict[str, Any]:
@@ -66,6 +71,8 @@ class Metacontroller:
         self.last_answer: dict[str, Any] = {}
         # Pods of the workloads; they outlive a deleted workload until they finish draining.
         self.pods: dict[str, dict[str, Any]] = {}
+        # Each pod's workload, and its group's leader pod (the garbage collector's view).
+        self._pod_workloads: dict[str, tuple[tuple[str, str], str | None]] = {}
         self.finalized = False
         self.finalize_calls = 0
         self._versions = itertools.count(2000)
@@ -132,39 +139,98 @@ class Metacontroller:
         return "customize" in self.composite["spec"].get("hooks", {})
 
     def run_pods(self) -> None:
-        """Start every pod the workloads ask for, labelled from their templates."""
+        """Start every pod the workloads ask for, labelled from their templates and owned as their
+        controllers own them: a Deployment's by its ReplicaSet `<deployment>-<pod-template-hash>`,
+        a StatefulSet's by it, a LeaderWorkerSet's leaders by its StatefulSet `<lws>` and group
+        i's other pods by the group's StatefulSet `<lws>-<i>` (itself owned by the leader pod)."""
         for (kind, name), child in self.children.items():
             spec = child.get("spec") or {}
             if kind == "LeaderWorkerSet":
                 template = spec["leaderWorkerTemplate"]
                 for group in range(spec.get("replicas", 1)):
+                    leader = f"{name}-{group}"
                     for rank in range(template["size"]):
                         rank_template = template["leaderTemplate" if rank == 0 else "workerTemplate"]
-                        self._pod(f"{name}-{group}-{rank}" if rank else f"{name}-{group}", rank_template, kind, name)
-            elif kind in ("Deployment", "StatefulSet"):
+                        lws_labels = {
+                            "leaderworkerset.sigs.k8s.io/name": name,
+                            "leaderworkerset.sigs.k8s.io/group-index": str(group),
+                            "leaderworkerset.sigs.k8s.io/worker-index": str(rank),
+                        }
+                        self._pod(
+                            f"{leader}-{rank}" if rank else leader,
+                            rank_template,
+                            lws_labels,
+                            ("StatefulSet", leader if rank else name),
+                            (kind, name),
+                            leader if rank else None,
+                        )
+            elif kind == "Deployment":
+                pod_template_hash = _safe_encoded(json.dumps(spec["template"], sort_keys=True), 10)
+                replica_set = f"{name}-{pod_template_hash}"
                 for index in range(spec.get("replicas", 1)):
-                    self._pod(f"{name}-{index}", spec["template"], kind, name)
+                    self._pod(
+                        f"{replica_set}-{_safe_encoded(f'{replica_set}/{index}', 5)}",
+                        spec["template"],
+                        {"pod-template-hash": pod_template_hash},
+                        ("ReplicaSet", replica_set),
+                        (kind, name),
+                    )
+            elif kind == "StatefulSet":
+                for index in range(spec.get("replicas", 1)):
+                    self._pod(f"{name}-{index}", spec["template"], {}, (kind, name), (kind, name))
 
-    def _pod(self, pod_name: str, template: dict[str, Any], kind: str, owner: str) -> None:
+    def _pod(
+        self,
+        pod_name: str,
+        template: dict[str, Any],
+        controller_labels: dict[str, str],
+        owner: tuple[str, str],
+        workload: tuple[str, str],
+        leader: str | None = None,
+    ) -> None:
+        """A pod of `workload`, owned by `owner`; a group's other pods are deleted only once its
+        `leader` pod has gone (the garbage collector deletes their StatefulSet then)."""
         self.pods[pod_name] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": pod_name,
                 "namespace": self.namespace,
-                "labels": dict(template["metadata"]["labels"]),
-                "ownerReferences": [{"kind": kind, "name": owner}],
+                "labels": dict(template["metadata"]["labels"]) | controller_labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": owner[0],
+                        "name": owner[1],
+                        "uid": f"{owner[1]}-uid",
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "terminationGracePeriodSeconds": (template.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
             },
         }
+        self._pod_workloads[pod_name] = (workload, leader)
 
     def pods_finish_draining(self) -> None:
-        """Pods whose workload is gone finish their preStop and drain, and exit."""
-        alive = {(kind, name) for kind, name in self.children}
-        self.pods = {
-            name: pod
-            for name, pod in self.pods.items()
-            if (pod["metadata"]["ownerReferences"][0]["kind"], pod["metadata"]["ownerReferences"][0]["name"]) in alive
-        }
+        """Pods being deleted finish their preStop and drain, and exit; then a group's other pods,
+        deleted once their leader has gone, drain and exit too."""
+        for _ in range(2):
+            self.pods = {name: pod for name, pod in self.pods.items() if "deletionTimestamp" not in pod["metadata"]}
+            self._delete_orphaned_pods()
+
+    def _delete_orphaned_pods(self) -> None:
+        """The garbage collector: a pod whose workload is gone is deleted, once its group's leader
+        pod (if it has one) has gone too. Its deletionTimestamp is when its grace period ends. A
+        pod no workload made (created by hand) is left alone."""
+        for name, pod in self.pods.items():
+            if name not in self._pod_workloads or "deletionTimestamp" in pod["metadata"]:
+                continue
+            workload, leader = self._pod_workloads[name]
+            if workload not in self.children and leader not in self.pods:
+                pod["metadata"]["deletionTimestamp"] = _now(pod["spec"]["terminationGracePeriodSeconds"])
 
     def created_before(self, children: list[dict[str, Any]]) -> None:
         """The children an earlier build's answer had Metacontroller create, as it stored them:
@@ -328,16 +394,9 @@ class Metacontroller:
                 self.children[key] = stored
                 self.writes.append(("update", *key))
         for key in sorted(key for key in set(self.children) - desired_keys if self.claimed(self.children[key])):
-            deleted = self.children.pop(key)
+            self.children.pop(key)
             self.writes.append(("delete", *key))
-            # Its pods terminate: their deletionTimestamp is when their grace period ends.
-            grace = _templates_grace(deleted)
-            for pod in self.pods.values():
-                if (
-                    pod["metadata"]["ownerReferences"][0]["kind"],
-                    pod["metadata"]["ownerReferences"][0]["name"],
-                ) == key:
-                    pod["metadata"]["deletionTimestamp"] = _now(grace)
+        self._delete_orphaned_pods()
 
     def _created(self, stamped: dict[str, Any]) -> dict[str, Any]:
         stored = apiserver.store(stamped)
