@@ -22,6 +22,7 @@ Outside BlueGreen the generation is "": children are named and selected as they 
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,11 +32,12 @@ from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import ConditionStatus, PoolProgress, RolloutPhase, RolloutStatus
 from hooks.contract import as_last_applied, field_at
+from hooks.kubernetes_names import DNS_LABEL, DNS_LABEL_MAX
 from hooks.observed import (
     Observed,
     as_int,
     current_ready,
-    listed,
+    listed_briefly,
     live_replicas,
     observed_workload,
     pod_templates,
@@ -50,7 +52,6 @@ from hooks.vocabulary import (
     generation_name,
     pool_name,
     route_name,
-    workload_kind,
 )
 
 
@@ -86,23 +87,31 @@ def digest(workloads: Iterable[dict[str, Any]]) -> str:
     scaling, relabelling and spreading never start a rollout; a graph without placement fields
     keeps the digest it had before they were left out. Of two sets of workloads at one other
     generation, equal digests say their pods run the same."""
-    runs = []
-    for child in workloads:
-        if child.get("kind") not in WORKLOAD_KINDS:
-            continue
-        size = field_at(child, "spec", "leaderWorkerTemplate", "size")
-        specs = [_what_runs(template.get("spec")) for template, _ in pod_templates(child)]
-        runs.append([child["kind"], field_at(child, "metadata", "name"), size, specs])
+    runs = [
+        [child["kind"], field_at(child, "metadata", "name"), *_runs(child)]
+        for child in workloads
+        if child.get("kind") in WORKLOAD_KINDS
+    ]
     runs.sort(key=lambda run: (run[0], str(run[1])))
-    encoded = json.dumps(runs, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(encoded).hexdigest()[:DIGEST_LENGTH]
+    return _sha256(runs)[:DIGEST_LENGTH]
+
+
+def _runs(workload: dict[str, Any]) -> list[Any]:
+    """What a workload's pods run and how many form a group: its group size and its pod
+    templates' specs without their placement fields."""
+    size = field_at(workload, "spec", "leaderWorkerTemplate", "size")
+    specs = [template.get("spec") for template, _ in pod_templates(workload)]
+    return [size, [_what_runs(spec) for spec in specs]]
 
 
 def _what_runs(spec: Any) -> Any:
-    """A pod template's spec without its placement fields."""
     if not isinstance(spec, dict):
         return spec
     return {key: value for key, value in spec.items() if key not in PLACEMENT_FIELDS}
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 # On every workload of a BlueGreen generation: that generation's workloads, each as its kind, its
@@ -111,15 +120,23 @@ def _what_runs(spec: Any) -> Any:
 # same; its siblings' last-applied records alone say nothing of it.
 TEMPLATES_ANNOTATION = "infera.amd.com/generation-templates"
 Recorded = tuple[str, str, str]  # (kind, name without the generation, template digest)
+# Hex characters of a template's digest: 64 bits, where no forged or accidental collision with
+# a spec's own render is to be expected.
+TEMPLATE_DIGEST_LENGTH = 16
 
 
 def template_digest(workload: dict[str, Any]) -> str:
-    """What a workload's pods run and how many form a group: its pod templates' specs, without
-    placement, and its group size."""
-    size = field_at(workload, "spec", "leaderWorkerTemplate", "size")
-    specs = [_what_runs(template.get("spec")) for template, _ in pod_templates(workload)]
-    encoded = json.dumps([size, specs], sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(encoded).hexdigest()[:16]
+    """What one workload's pods run (_runs), as a digest."""
+    return _sha256(_runs(workload))[:TEMPLATE_DIGEST_LENGTH]
+
+
+def workload_digests(children: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """Each workload's template digest, by "Kind name"."""
+    return {
+        f"{child['kind']} {field_at(child, 'metadata', 'name')}": template_digest(child)
+        for child in children
+        if child.get("kind") in WORKLOAD_KINDS
+    }
 
 
 def _suffix(generation: str) -> str:
@@ -150,10 +167,13 @@ def _annotated(child: dict[str, Any], record: str) -> dict[str, Any]:
     return {**child, "metadata": {**metadata, "annotations": annotations}}
 
 
-def recorded_templates(observed: Observed, generation: str) -> tuple[str, list[Recorded]] | None:
+def recorded_templates(
+    idep: InferaDeployment, observed: Observed, generation: str
+) -> tuple[str, list[Recorded]] | None:
     """The record of `generation`'s workloads (as annotated, and parsed) on the first of its
-    observed workloads that holds a well-formed one; None when none does (all of them gone, or
-    made by a build that did not record them)."""
+    observed workloads that holds one the graph could have written (workloads named after it,
+    each with a digest); None when none does (all of them gone, or made by a build that did not
+    record them). What anyone else could write there is not believed, nor quoted at length."""
     for (kind, _), child in sorted(observed.items()):
         if kind not in WORKLOAD_KINDS or generation_of(child) != generation:
             continue
@@ -162,12 +182,23 @@ def recorded_templates(observed: Observed, generation: str) -> tuple[str, list[R
             record = json.loads(text) if isinstance(text, str) else None
         except ValueError:
             continue
-        if isinstance(record, list) and all(
-            isinstance(entry, list) and len(entry) == 3 and all(isinstance(part, str) for part in entry)
-            for entry in record
-        ):
+        if isinstance(record, list) and record and all(_recordable(entry, idep) for entry in record):
             return text, [(kind, name, digest) for kind, name, digest in record]
     return None
+
+
+def _recordable(entry: Any, idep: InferaDeployment) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and entry[0] in WORKLOAD_KINDS
+        and isinstance(entry[1], str)
+        and entry[1].startswith(child_name(idep, ""))
+        and len(entry[1]) <= DNS_LABEL_MAX
+        and DNS_LABEL.fullmatch(entry[1]) is not None
+        and isinstance(entry[2], str)
+        and re.fullmatch(f"[0-9a-f]{{{TEMPLATE_DIGEST_LENGTH}}}", entry[2]) is not None
+    )
 
 
 def front_door(idep: InferaDeployment, observed: Observed) -> set[str]:
@@ -218,9 +249,10 @@ class Rollout:
     # the observed front door still selects. Any other (a change replaced mid-rollout, or one no
     # longer served) is left out of the answer, and so deleted.
     kept: frozenset[str]
-    # The generation the front door was at before this answer: the rendered live replicas (an
-    # autoscaler's count) are read from its workloads.
+    # The generation that served before this answer: the rendered live replicas (an
+    # autoscaler's count) are read from its workloads, and readiness is judged by them.
     front: str
+    present: frozenset[str]  # every generation with a child observed
 
     @property
     def door_restored(self) -> bool:
@@ -232,64 +264,77 @@ class Rollout:
 def plan(idep: InferaDeployment, observed: Observed, recorded: str | None = None) -> Rollout:
     """The rollout to the generation `idep` renders. The front door moves to it once every pool
     of it is ready (autoscaled ones at the count their autoscaler keeps now); until then it
-    stays at the generation that serves, by its witnesses: `recorded` (the previous status's
-    servingGeneration) and the observed front door, in that order, where they name a generation
-    that is present. Where they disagree, or name none, a ready generation wins: a deleted or
-    edited front door never takes traffic to a generation that is not ready, and never costs the
-    one that serves its workloads."""
+    stays at the generation that serves. Two witnesses say which that is: `recorded` (the
+    previous status's servingGeneration) and the observed front door. Where both name the same
+    generation it serves, ready or not; where they disagree, or one is gone, a ready generation
+    wins, the witnessed ones first: a deleted or edited front door never takes traffic to a
+    generation that is not ready, and never costs the one that serves its workloads."""
     desired = idep.graph_generation
     served = frozenset(front_door(idep, observed))
     generations = present(observed)
     behind_door = served & generations
-    witnessed = [g for g in (recorded, *sorted(served)) if g in generations]
-    # Autoscaled pools are judged at the count the generation that serves now keeps.
-    live = live_replicas(idep.at_generation(witnessed[0] if witnessed else desired), observed)
+    witnessed = list(dict.fromkeys(g for g in (recorded, *sorted(served)) if g in generations))
+    # Without a witness, an older generation exists only because it served.
+    older = sorted(generations - {desired})
+    front = (witnessed or older or [desired])[0]
+    live = live_replicas(idep.at_generation(front), observed)
 
     def is_ready(generation: str) -> bool:
         return generation in generations and ready(idep.at_generation(generation), observed, live)
 
     if is_ready(desired):
         serving = desired
+    elif recorded in generations and behind_door == {recorded}:
+        serving = recorded
     else:
-        # Witnessed first; without a witness, an older generation exists only because it served.
-        candidates = list(dict.fromkeys([*witnessed, *sorted(generations - {desired})]))
+        candidates = list(dict.fromkeys([*witnessed, *older]))
         serving = next((g for g in candidates if is_ready(g)), candidates[0] if candidates else desired)
     kept = (behind_door | {serving}) - {desired}
-    return Rollout(desired, served, serving, kept, min(behind_door) if behind_door else serving)
+    return Rollout(desired, served, serving, kept, front, generations)
 
 
-def runs_the_spec(generation: str, observed: Observed, runs_at: Callable[[str], str]) -> bool:
-    """Whether the observed workloads of `generation` run exactly what the spec renders at it,
-    whatever its name. `runs_at(generation)`: the digest of the spec's workloads rendered at
-    `generation`."""
-    applied = [as_last_applied(child) for child in observed.values() if generation_of(child) == generation]
-    return digest(applied) == runs_at(generation)
+def runs_the_spec(generation: str, observed: Observed, workloads_at: Callable[[str], dict[str, str]]) -> bool:
+    """Whether every observed workload of `generation` runs exactly what the spec renders at it,
+    whatever its name. `workloads_at(generation)`: the template digest of each workload the spec
+    renders at `generation`, by "Kind name". A workload of it that is gone does not count:
+    restoring it is the serving generation's business (restoration)."""
+    applied = workload_digests(
+        as_last_applied(child) for child in observed.values() if generation_of(child) == generation
+    )
+    rendered = workloads_at(generation)
+    return bool(applied) and all(rendered.get(key) == value for key, value in applied.items())
 
 
-def named_otherwise(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> str | None:
+def named_otherwise(rollout: Rollout, observed: Observed, workloads_at: Callable[[str], dict[str, str]]) -> str | None:
     """An observed generation that already runs what the spec renders, under a name other than
-    the one this build's digest gives it (the served one first); None when there is none.
-    Builds from c3dfbbd to a2fc70b put the routers' spread into the digest: such a generation
-    goes on under its name, serving or rolling out, rather than being replaced by itself."""
-    named = {generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS}
-    for generation in sorted(named - {"", rollout.desired}, key=lambda name: (name not in rollout.served, name)):
-        if runs_the_spec(generation, observed, runs_at):
+    the one this build's digest gives it (the served one first); None when there is none. A
+    build whose digest reads the templates otherwise (the CHANGELOG says which did) then renames
+    nothing: such a generation goes on under its name, serving or rolling out, rather than being
+    replaced by itself."""
+    labelled = {generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS}
+    for generation in sorted(labelled - {"", rollout.desired}, key=lambda name: (name not in rollout.served, name)):
+        if runs_the_spec(generation, observed, workloads_at):
             return generation
     return None
 
 
-def check_switch(rollout: Rollout, observed: Observed, runs_at: Callable[[str], str]) -> None:
+def check_switch(
+    rollout: Rollout,
+    observed: Observed,
+    spec_digest: Callable[[], str],
+    workloads_at: Callable[[str], dict[str, str]],
+) -> None:
     """A switch between RollingUpdate and BlueGreen hands over between a generation whose routers
     see every worker of the graph ("") and a labelled one: harmless only while both run the
     same thing, so it must come in a change of its own."""
     legacy = "" in rollout.kept or (rollout.desired == "" and rollout.kept)
     if not legacy:
         return
-    wanted = runs_at("")
+    wanted = spec_digest()
     if rollout.desired == "":
         # What it runs, not its name: one named by another build's digest may run this spec.
         running = min(rollout.kept)
-        if running == wanted or runs_the_spec(running, observed, runs_at):
+        if running == wanted or runs_the_spec(running, observed, workloads_at):
             return
     else:
         running = digest(
@@ -319,31 +364,25 @@ class Restoration:
     picker: str | None
 
 
-def restorations(rollout: Rollout, observed: Observed, idep: InferaDeployment) -> list[Restoration]:
-    """For each generation the answer keeps, the recorded workloads (and picker companions) not
-    observed."""
-    found = []
-    for generation in sorted(rollout.kept):
-        at = idep.at_generation(generation)
-        # Without a record (a generation an older build made), what the spec has is what it
-        # had, as far as anyone can tell, and nothing of it matches a template.
-        record, entries = recorded_templates(observed, generation) or ("", _unrecorded(at))
-        missing = [(kind, name, d) for kind, name, d in entries if (kind, name + _suffix(generation)) not in observed]
-        picker = next(
-            (d for kind, name, d in entries if (kind, name) == ("Deployment", child_name(idep, EPP_SUFFIX))), None
-        )
-        companions = []
-        if picker is not None:
-            wanted = [("Service", generation_name(at, EPP_SUFFIX)), ("InferencePool", pool_name(at))]
-            companions = [key for key in wanted if key not in observed]
-        if missing or companions:
-            found.append(Restoration(generation, record, missing, companions, picker))
-    return found
-
-
-def _unrecorded(idep: InferaDeployment) -> list[Recorded]:
-    entries = [(workload_kind(svc), child_name(idep, service), "") for service, svc in idep.spec.services.items()]
-    return entries + ([("Deployment", child_name(idep, EPP_SUFFIX), "")] if idep.spec.gaie.enabled else [])
+def restoration(rollout: Rollout, observed: Observed, idep: InferaDeployment) -> Restoration | None:
+    """The recorded workloads (and picker companions) of the generation that serves, while it is
+    not the spec's, that are not observed; None when none are gone, or it recorded nothing (a
+    generation made before templates were recorded: its pools then say they are short)."""
+    generation = rollout.serving
+    recorded = recorded_templates(idep, observed, generation) if generation != rollout.desired else None
+    if recorded is None:
+        return None
+    record, entries = recorded
+    at = idep.at_generation(generation)
+    missing = [(kind, name, d) for kind, name, d in entries if (kind, name + _suffix(generation)) not in observed]
+    picker = next(
+        (d for kind, name, d in entries if (kind, name) == ("Deployment", child_name(idep, EPP_SUFFIX))), None
+    )
+    companions = []
+    if picker is not None:
+        wanted = [("Service", generation_name(at, EPP_SUFFIX)), ("InferencePool", pool_name(at))]
+        companions = [key for key in wanted if key not in observed]
+    return Restoration(generation, record, missing, companions, picker) if missing or companions else None
 
 
 def restore(
@@ -359,12 +398,12 @@ def restore(
     suffix = _suffix(restoration.generation)
     for kind, name, recorded in restoration.missing:
         child = by_key.get((kind, name + suffix))
-        if child is not None and recorded and template_digest(child) == recorded:
+        if child is not None and template_digest(child) == recorded:
             restored.append(_annotated(child, restoration.record))
         else:
             lost.append(f"{kind} {name + suffix}")
     picker = next((c for c in rendered if c["kind"] == "Deployment" and service_of(c) == EPP_SUFFIX), None)
-    same_picker = picker is not None and bool(restoration.picker) and template_digest(picker) == restoration.picker
+    same_picker = picker is not None and template_digest(picker) == restoration.picker
     for key in restoration.companions:
         if same_picker and key in by_key:
             restored.append(by_key[key])
@@ -375,18 +414,12 @@ def restore(
 
 def _lost(restoration: Restoration, names: list[str], rollout: Rollout) -> str:
     generation = named([restoration.generation])
-    which = "the serving generation" if restoration.generation == rollout.serving else "generation"
     one = len(names) == 1
     them = "it" if one else "them"
-    why = (
-        f"this spec renders {them} differently"
-        if restoration.record
-        else f"its generation, made by an earlier build, recorded nothing to recreate {them} from"
-    )
     return (
-        f"{listed(names)} of {which} {generation} {'is' if one else 'are'} gone, and {why}: revert the spec to "
-        f"generation {generation}'s to recreate {them}, or let generation {rollout.desired} become ready to replace "
-        f"{them}"
+        f"{listed_briefly(names)} of the serving generation {generation} {'is' if one else 'are'} gone, and this "
+        f"spec renders {them} differently: revert the spec to generation {generation}'s to recreate {them}, or let "
+        f"generation {named([rollout.desired])} become ready to replace {them}"
     )
 
 
@@ -413,13 +446,12 @@ class RolloutRead:
     door_restored: bool
 
     @classmethod
-    def of(cls, rollout: Rollout, children: Iterable[dict[str, Any]]) -> "RolloutRead":
-        generations = {generation_of(child) for child in children if belongs_to_a_generation(child)}
+    def of(cls, rollout: Rollout) -> "RolloutRead":
         return cls(
             rollout.desired,
             rollout.serving,
             tuple(sorted(rollout.kept)),
-            tuple(sorted(generations)),
+            tuple(sorted(rollout.present)),
             rollout.door_restored,
         )
 

@@ -72,7 +72,7 @@ MAX_QUOTED_MESSAGE = 200
 LISTED = 5
 
 
-def listed(names: Sequence[str]) -> str:
+def listed_briefly(names: Sequence[str]) -> str:
     """Names as a message lists them: the first few, and how many more."""
     more = len(names) - LISTED
     return ", ".join(names[:LISTED]) + (f" and {more} more" if more > 0 else "")

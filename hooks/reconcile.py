@@ -256,13 +256,14 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
         entry = memo.parent(request.parent)
         registered = None if request.registered is None else sorted(request.registered)
         rollout = _rollout(
-            entry.idep(),
-            request,
-            lambda generation, compute: memo.generation(entry, [registered, generation], compute),
+            entry.idep(), request, lambda what, compute: memo.generation(entry, [registered, *what], compute)
         )
         idep = entry.idep().at_generation(rollout.desired if rollout else "")
         inputs = RenderInputs.of(idep, request.by_key, rollout)
-        children = memo.rendered(entry, [registered, inputs.key()], lambda: _checked_render(idep, request, inputs))
+        # The generation rendered is part of the key: which one is the spec's may follow what
+        # is observed (generations.named_otherwise).
+        key = [registered, idep.graph_generation, inputs.key()]
+        children = memo.rendered(entry, key, lambda: _checked_render(idep, request, inputs))
         restored, lost = _restored(idep, request, rollout) if rollout else ([], [])
         children = children + _kept_generations(request, rollout) + restored
         children, unregistered = withhold_unregistered(request, children)
@@ -280,19 +281,19 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
     previous = _previous_status(request)
     changing = services_changing(idep, children, request.by_key)
 
-    rollout_read = generations.RolloutRead.of(rollout, request.children) if rollout else None
+    rollout_read = generations.RolloutRead.of(rollout) if rollout else None
     missing, coming = _not_observed(request, children, rollout)
     inputs_read = status.StatusInputs.of(
         request.by_key,
         previous,
-        notices,
-        unregistered,
-        changing,
-        rollout_read,
-        missing,
-        coming,
-        lost,
-        scheduling.unscheduled(request.related),
+        notices=notices,
+        unregistered=unregistered,
+        changing=changing,
+        rollout=rollout_read,
+        missing=missing,
+        coming=coming,
+        lost=lost,
+        unscheduled=scheduling.unscheduled(request.related),
     )
 
     def roll_up() -> tuple[RolledUp, bool]:
@@ -305,29 +306,35 @@ def sync_answer(request: HookRequest, now: status.Clock = status.utc_now, memo: 
 
 
 def _rollout(
-    idep: InferaDeployment, request: HookRequest, remembered: Callable[[str, Callable[[], str]], str]
+    idep: InferaDeployment, request: HookRequest, remembered: Callable[[list[str], Callable[[], str]], str]
 ) -> Rollout | None:
     """Which generations to answer, or None for a graph that has only ever run outside BlueGreen.
-    `remembered(generation, compute)` looks up in the memo the digest of the spec's workloads
-    rendered at `generation` (at "": the spec's generation), or computes it."""
+    `remembered(what, compute)` looks up in the memo what `compute` makes of the spec (a digest of
+    what its workloads run), or computes it."""
 
-    def runs_at(generation: str) -> str:
-        def compute() -> str:
-            inputs = RenderInputs(model_phase=None if idep.spec.model_cache is None else "Ready", serving=generation)
-            return generations.digest(render_children(idep.at_generation(generation), request.allows, inputs))
+    def rendered_at(generation: str) -> list[dict[str, Any]]:
+        inputs = RenderInputs(model_phase=None if idep.spec.model_cache is None else "Ready", serving=generation)
+        return render_children(idep.at_generation(generation), request.allows, inputs)
 
-        return remembered(generation, compute)
+    def spec_digest() -> str:
+        return remembered(["generation"], lambda: generations.digest(rendered_at("")))
 
-    desired = runs_at("") if idep.spec.blue_green else ""
+    def workloads_at(generation: str) -> dict[str, str]:
+        digests = remembered(
+            ["workloads", generation], lambda: json.dumps(generations.workload_digests(rendered_at(generation)))
+        )
+        return json.loads(digests)
+
+    desired = spec_digest() if idep.spec.blue_green else ""
     recorded = field_at(_previous_status(request), "rollout", "servingGeneration")
     recorded = recorded if isinstance(recorded, str) else None
     observed = request.by_key
     rollout = generations.plan(idep.at_generation(desired), observed, recorded)
-    if not idep.spec.blue_green and rollout.served | generations.present(observed) <= {""}:
+    if not idep.spec.blue_green and rollout.served | rollout.present <= {""}:
         return None
-    if idep.spec.blue_green and (named := generations.named_otherwise(rollout, observed, runs_at)):
+    if idep.spec.blue_green and (named := generations.named_otherwise(rollout, observed, workloads_at)):
         rollout = generations.plan(idep.at_generation(named), observed, recorded)
-    generations.check_switch(rollout, observed, runs_at)
+    generations.check_switch(rollout, observed, spec_digest, workloads_at)
     return rollout
 
 
@@ -344,18 +351,17 @@ def _kept_generations(request: HookRequest, rollout: Rollout | None) -> list[Enc
 
 
 def _restored(idep: InferaDeployment, request: HookRequest, rollout: Rollout) -> tuple[list[EncodedChild], list[str]]:
-    """The children of generations kept as applied that are gone: those this spec renders
-    exactly as their generation recorded them, to create anew, and why the others cannot be."""
-    restored: list[EncodedChild] = []
-    lost = []
-    for restoration in generations.restorations(rollout, request.by_key, idep):
-        at = idep.at_generation(restoration.generation)
-        cache = None if idep.spec.model_cache is None else "Ready"
-        inputs = RenderInputs(live_replicas(at, request.by_key), model_phase=cache, serving=restoration.generation)
-        children, gone = generations.restore(restoration, render_children(at, request.allows, inputs), rollout)
-        restored += [encoded(child) for child in children]
-        lost += [gone] if gone else []
-    return restored, lost
+    """The children of the serving generation, while it is not the spec's, that are gone: those
+    this spec renders exactly as that generation recorded them, to create anew, and why the
+    others cannot be."""
+    restoration = generations.restoration(rollout, request.by_key, idep)
+    if restoration is None:
+        return [], []
+    at = idep.at_generation(restoration.generation)
+    cache = None if idep.spec.model_cache is None else "Ready"
+    inputs = RenderInputs(live_replicas(at, request.by_key), model_phase=cache, serving=restoration.generation)
+    children, lost = generations.restore(restoration, render_children(at, request.allows, inputs), rollout)
+    return [encoded(child) for child in children], [lost] if lost else []
 
 
 def _not_observed(
@@ -364,13 +370,16 @@ def _not_observed(
     """The children of the answer that are not observed ("Kind name"): those the graph serves
     with, and those it does not serve with yet: the incoming generation's of a rollout, and a
     model download (the model cache's phase says where it is)."""
-    incoming = f"-{rollout.desired}" if rollout and rollout.serving != rollout.desired else None
+    incoming = rollout.desired if rollout and rollout.serving != rollout.desired else None
     missing: list[str] = []
     coming: list[str] = []
     for child in children:
         if (child.kind, child.name) in request.by_key:
             continue
-        later = child.kind == "Job" or (incoming is not None and str(child.name).endswith(incoming))
+        later = child.kind == "Job"
+        if incoming is not None and not later:
+            body = json.loads(child.body)  # rare: a child just answered, or one whose create fails
+            later = generations.belongs_to_a_generation(body) and generations.generation_of(body) == incoming
         (coming if later else missing).append(f"{child.kind} {child.name}")
     return missing, coming
 

@@ -18,7 +18,7 @@ from hooks.vocabulary import GENERATION_LABEL, SERVICE_LABEL
 WAITING_REASONS = ("Unschedulable", "SchedulingGated")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Unscheduled:
     """The pods of one service (of one generation) that no node takes."""
 

@@ -30,7 +30,7 @@ from hooks.observed import (
     as_int,
     as_object,
     current_ready,
-    listed,
+    listed_briefly,
     model_download,
     observed_autoscaler,
     observed_workload,
@@ -268,20 +268,22 @@ def _children_created(inputs: StatusInputs) -> tuple[ConditionStatus, str, str]:
     why they might not."""
     absent = [*inputs.missing, *inputs.coming]
     if inputs.lost:
-        return "False", "ServingChildrenLost", "; ".join([*inputs.lost, *([_not_created(absent)] if absent else [])])
+        return "False", "ServingChildrenLost", _absent(inputs.lost, absent)
     if not absent:
         return "True", "AllCreated", "every child the graph needs exists"
     if not inputs.observed:
         return "False", "Creating", f"creating {len(absent)} children"
-    return "False", "ChildrenMissing", _not_created(absent)
+    return "False", "ChildrenMissing", _absent((), absent)
 
 
-def _not_created(names: Sequence[str]) -> str:
+def _absent(lost: Sequence[str], names: Sequence[str]) -> str:
+    """What is gone for good, then what is not created yet and why that may last."""
     it = "it stays" if len(names) == 1 else "they stay"
-    return (
-        f"not created yet: {listed(names)} (if {it} missing, another object holds the name, which `kubectl get` "
-        "shows, or Metacontroller's create fails: its log says why, e.g. a quota or an admission policy)"
+    not_created = (
+        f"not created yet: {listed_briefly(names)} (if {it} missing, another object holds the name, which `kubectl "
+        "get` shows, or Metacontroller's create fails: its log says why, e.g. a quota or an admission policy)"
     )
+    return "; ".join([*lost, *([not_created] if names else [])])
 
 
 def _broker_waiting(idep: InferaDeployment, by_key: Observed) -> str | None:
@@ -293,8 +295,8 @@ def _broker_waiting(idep: InferaDeployment, by_key: Observed) -> str | None:
     return f"NATS broker {current_ready(broker)}/1 ready"
 
 
-def _unscheduled(inputs: StatusInputs, generation: str) -> list[str]:
-    return [pods.message() for pods in inputs.unscheduled if pods.generation == generation]
+def _unscheduled(inputs: StatusInputs, generations: Collection[str]) -> list[str]:
+    return [pods.message() for pods in inputs.unscheduled if pods.generation in generations]
 
 
 def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaDeploymentStatus:
@@ -304,7 +306,7 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
     by_key, previous, notices = inputs.observed, inputs.previous, inputs.notices
     unregistered, changing = inputs.unregistered, inputs.changing
     generation = idep.metadata.generation
-    incoming = _unscheduled(inputs, idep.graph_generation)
+    incoming = _unscheduled(inputs, {idep.graph_generation})
     rolled = rollout_status(idep, inputs.rollout, by_key, now, incoming) if inputs.rollout else None
     if inputs.rollout and inputs.rollout.serving != idep.graph_generation:
         # The answer changes the incoming generation, not the one that serves.
@@ -330,8 +332,7 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
     # What holds readiness, each with its Ready reason, in the order the message says them.
     blockers: list[tuple[str, str]] = []
     if inputs.lost or inputs.missing:
-        not_created = [_not_created(inputs.missing)] if inputs.missing else []
-        blockers.append(("ChildrenMissing", "; ".join([*inputs.lost, *not_created])))
+        blockers.append(("ChildrenMissing", _absent(inputs.lost, inputs.missing)))
     if waiting:
         details = [f"{service} {ready}/{wanted[service]} ready" for service, ready in waiting.items()]
         blockers.append(("ServicesNotReady", "; ".join([*details, f"waiting on {len(waiting)} of {total} services"])))
@@ -345,7 +346,8 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
         message = "; ".join([*downloading, f"creating {total} services"])
     elif blockers:
         reason = blockers[0][0]
-        unscheduled = _unscheduled(inputs, idep.graph_generation)
+        # The serving generation's pods, and the plumbing's, which no generation labels.
+        unscheduled = _unscheduled(inputs, {idep.graph_generation, ""})
         state, message = "pending", "; ".join([*downloading, *(text for _, text in blockers), *unscheduled])
     else:
         state, reason, message = "ready", "AllServicesReady", f"all {total} services ready"

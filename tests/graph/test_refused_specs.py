@@ -239,7 +239,7 @@ REFUSED_BY_THE_API_SERVER = {
         patch(
             "Deployment",
             "qwen-pd-decode",
-            {"op": "replace", "path": "/spec/template/metadata/labels/infera.amd.com~1service", "value": "other"},
+            {"op": "add", "path": "/spec/selector/matchLabels/team", "value": "other"},
         ),
         PATCHED + "spec.template.metadata.labels: do not match spec.selector",
     ),

@@ -183,7 +183,7 @@ def test_a_serving_workload_the_spec_renders_differently_is_not_guessed_and_is_s
 
 
 def test_a_generation_without_a_record_is_not_guessed(hooks) -> None:
-    """A generation an earlier build made records no templates: its lost workload is said."""
+    """A generation an earlier build made records no templates: its lost workload is not guessed."""
     mc, old, new = mid_rollout(hooks, decode_flag)
     for key in generation_names(mc, old):
         annotations = mc.children[key]["metadata"].get("annotations", {})
@@ -194,7 +194,10 @@ def test_a_generation_without_a_record_is_not_guessed(hooks) -> None:
     key = ("Deployment", f"qwen-pd-prefill-{old}")
     mc.delete(*key)
     assert mc.child_writes(mc.sync()) == []
-    assert "made by an earlier build, recorded nothing to recreate it from" in mc.parent["status"]["message"]
+    # Nothing says what it ran, nor that it ever existed: the serving pool says it is short.
+    assert mc.parent["status"]["message"].startswith("prefill 0/1 ready; waiting on 1 of 3 services; ")
+    created = next(c for c in mc.parent["status"]["conditions"] if c["type"] == "ChildrenCreated")
+    assert created["status"] == "True"
 
 
 def test_every_workload_of_a_generation_carries_the_record_of_them_all(hooks) -> None:
@@ -206,3 +209,39 @@ def test_every_workload_of_a_generation_carries_the_record_of_them_all(hooks) ->
     assert [[kind, name] for kind, name, _ in json.loads(record)] == [
         ["Deployment", f"qwen-gaie-{service}"] for service in ("decode", "epp", "prefill")
     ]
+
+
+def test_a_record_anyone_else_could_have_written_is_not_believed(hooks) -> None:
+    """The record names the graph's own workloads with a digest each; any other is passed over,
+    so that a forged record can neither recreate nor fill the status with what it says."""
+    mc, old, new = mid_rollout(hooks, decode_flag)
+    forged = json.dumps([["Deployment", "x" * 5000, "0" * 16], ["Deployment", "qwen-pd-prefill", "0" * 16]])
+    for key in generation_names(mc, old):
+        annotations = mc.children[key]["metadata"].get("annotations") or {}
+        if TEMPLATES_ANNOTATION in annotations:
+            annotations[TEMPLATES_ANNOTATION] = forged
+    mc.delete("Deployment", f"qwen-pd-prefill-{old}")
+    mc.sync()
+    assert ("Deployment", f"qwen-pd-prefill-{old}") not in mc.children
+    assert "x" * 100 not in json.dumps(mc.parent["status"])
+
+
+def test_a_generation_that_no_longer_serves_is_not_restored(hooks) -> None:
+    """As the front door moves, the generation it leaves is removed on the next sync: a workload
+    of it deleted meanwhile is not created again."""
+    mc, old, new = mid_rollout(hooks, decode_flag)
+    mc.mark_ready()
+    mc.delete("Deployment", f"qwen-pd-prefill-{old}")
+    assert checked_sync(mc) == [("update", *SERVER_SERVICE)]
+    assert checked_sync(mc) == [("delete", "Deployment", f"qwen-pd-{s}-{old}") for s in ("decode", "server")]
+
+
+def test_leaving_blue_green_keeps_a_serving_graph_ready_while_the_unlabelled_pools_start(hooks) -> None:
+    mc = serving(Metacontroller(hooks, blue_green(PD)))
+    mc.edit(lambda spec: spec.update(rollout={"strategy": "RollingUpdate"}))
+    mc.sync()
+    status = mc.parent["status"]
+    assert status["state"] == "ready"
+    created = next(c for c in status["conditions"] if c["type"] == "ChildrenCreated")
+    assert (created["status"], created["reason"]) == ("False", "ChildrenMissing")
+    assert created["message"].startswith("not created yet: Deployment qwen-pd-decode, Deployment qwen-pd-prefill")

@@ -164,9 +164,22 @@ def test_the_incoming_generations_unscheduled_pods_are_the_rollouts_business(hoo
     new = mc.parent["status"]["rollout"]["incomingGeneration"]
     mc.mark_ready(lambda kind, name: 0 if name.endswith(new) else None)
     mc.run_pods()
-    unschedulable(mc.pods[f"qwen-pd-decode-{new}-0"])
+    (decode,) = [pod for name, pod in mc.pods.items() if name.startswith(f"qwen-pd-decode-{new}-")]
+    unschedulable(decode)
     mc.sync()
     status = mc.parent["status"]
     assert status["state"] == "ready"  # the serving generation serves
     assert status["rollout"]["message"].endswith(f"; decode: 1 pod unschedulable: {UNSCHEDULABLE}")
     assert "unschedulable" not in conditions(mc)["Ready"]["message"]
+
+
+def test_the_brokers_unscheduled_pod_is_said_under_blue_green_too(hooks) -> None:
+    """The broker's pod belongs to no generation: its words are the graph's."""
+    doc = load_yaml(PD)[0]
+    doc["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    mc = Metacontroller(hooks, doc).serve()
+    mc.run_pods()
+    mc.set_status("StatefulSet", "qwen-pd-nats", {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1})
+    unschedulable(mc.pods["qwen-pd-nats-0"])
+    mc.sync()
+    assert mc.parent["status"]["message"] == f"NATS broker 0/1 ready; nats: 1 pod unschedulable: {UNSCHEDULABLE}"

@@ -214,3 +214,16 @@ def test_this_build_names_the_old_builds_generation_as_it_did(hooks) -> None:
     mc = Metacontroller(hooks, EXAMPLE)
     mc.sync()
     assert mc.parent["status"]["rollout"]["servingGeneration"] == OLD_GENERATION
+
+
+def test_a_workload_of_a_generation_named_otherwise_deleted_is_restored_not_renamed(hooks) -> None:
+    """The generation an earlier build named goes on though one of its workloads is gone: it is
+    created again as the spec renders it, and no generation of this build's name starts."""
+    mc = created_by(SPREAD_IN_DIGEST, "pd-blue-green", load_yaml(EXAMPLE)[0], hooks)
+    mc.sync()
+    key = ("Deployment", f"qwen-bg-decode-{SPREAD_GENERATION}")
+    before = mc.children[key]["spec"]
+    mc.delete(*key)
+    assert mc.child_writes(mc.sync()) == [("create", *key)]
+    assert mc.children[key]["spec"] == before
+    assert mc.parent["status"]["rollout"] == stable(SPREAD_GENERATION)

@@ -98,12 +98,20 @@ INFERA_PATHS: tuple[tuple[str, str], ...] = (
             "single-node-qwen-vllm.yaml",
         )
     ),
+    # The operator as a Go module that builds (`go build ./cmd`): the peer the benchmarks run.
     *(
         (f"deploy/operator/{path}", f"operator/{path}")
         for path in (
             "README.md",
+            "go.mod",
+            "go.sum",
+            "cmd/main.go",
+            "api/v1alpha1/groupversion_info.go",
             "api/v1alpha1/inferadeployment_types.go",
+            "api/v1alpha1/zz_generated.deepcopy.go",
             "config/rbac/role.yaml",
+            "internal/mn-idle.sh",
+            "internal/mn-sshd-init.sh",
             "internal/controller/apply_idempotence_test.go",
             "internal/controller/builders.go",
             "internal/controller/builders_test.go",

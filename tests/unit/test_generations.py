@@ -236,7 +236,9 @@ PLANS = {
     "no witness, nothing ready: the older generation": ({"s": False, "d": False}, None, None, "d", ("s", {"s"})),
     "reverted: the incoming generation goes": ({"s": True, "d": False}, "s", "s", "s", ("s", set())),
     "a second change replaces the incoming one": ({"s": True, "d": False}, "s", "s", "e", ("s", {"s"})),
-    "switched, then unready: back to the ready one": ({"s": True, "d": False}, "d", "d", "d", ("s", {"s"})),
+    "switched, then unready: both witnesses agree, it serves": ({"s": True, "d": False}, "d", "d", "d", ("d", set())),
+    "the status edited, the door agrees with it: it serves": ({"s": True, "d": False}, "d", "d", "e", ("d", {"d"})),
+    "a witness of a generation that is gone is passed over": ({"d": False}, "s", "s", "d", ("d", set())),
     "serving and unready, the incoming not ready": ({"s": False, "d": False}, "s", "s", "d", ("s", {"s"})),
 }
 
