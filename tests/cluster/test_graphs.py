@@ -810,6 +810,7 @@ def test_kube_state_metrics_exports_each_graphs_state_replicas_and_conditions(
     assert samples == expected
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Ready": "True",
+        "ChildrenCreated": "True",
         "SpecValid": "True",
         "ChildKindsRegistered": "True",
     }
