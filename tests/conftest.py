@@ -9,6 +9,8 @@ import hypothesis
 import pytest
 
 from hooks.app import create_app
+from tests.support.apiserver import load_simulated_schemas
+from tests.support.schemas import load_schemas
 from tests.support.service import HookClient, InProcessClient, start_server
 
 # Every property test is bounded in time: 10 s per example at most, and no shrinking (it can
@@ -45,6 +47,14 @@ def hook_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def hooks() -> HookClient:
+def schemas_loaded() -> None:
+    """The schemas every answer is checked against, and the simulated API server's, read once
+    before any test's clock starts: a property test's first example must not pay for them."""
+    load_schemas()
+    load_simulated_schemas()
+
+
+@pytest.fixture(scope="session")
+def hooks(schemas_loaded: None) -> HookClient:
     """The hook app called in this process; tests/service/ overrides it with the real server."""
     return InProcessClient(create_app())

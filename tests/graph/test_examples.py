@@ -3,10 +3,12 @@
 import re
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 
 from tests.support.prerequisites import REPO
-from tests.support.requests import parent
+from tests.support.requests import parent, request_body
+from tests.support.schemas import KUBERNETES_VERSION, UPSTREAM_KINDS, validate_object
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
@@ -161,6 +163,22 @@ def test_example_renders_exactly_its_children(hooks, path: Path) -> None:
     assert sorted((c["kind"], c["metadata"]["name"]) for c in answer["children"]) == sorted(
         (kind, f"{idep}-{suffix}") for kind, suffix in expected
     )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[path.name for path in EXAMPLES])
+def test_the_checks_judge_core_kinds_as_kubernetes_validate_does(hooks, path: Path) -> None:
+    """The tests check core kinds with kubernetes-validate's schemas through a validator built
+    once; the library's own call judges every child of every example, and a broken copy, alike."""
+    for child in hooks.hook_raw("/sync", request_body(parent(path)))["children"]:
+        if child["kind"] in UPSTREAM_KINDS:
+            continue
+        kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
+        validate_object(child)
+        broken = {**child, "noSuchField": 1}
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+        with pytest.raises(AssertionError, match="noSuchField"):
+            validate_object(broken)
 
 
 def test_examples_are_listed_in_the_readme() -> None:

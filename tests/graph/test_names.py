@@ -34,13 +34,6 @@ def made_of_leader_worker_sets(children: dict[Key, dict[str, Any]]) -> set[Key]:
     return made
 
 
-@pytest.fixture(scope="module", autouse=True)
-def schemas_loaded(hooks: HookClient) -> None:
-    """The schemas every answer's children are checked against load on first use, for seconds:
-    before the property's first example and its deadline."""
-    hooks.sync(parent(PD))
-
-
 def test_every_kind_the_hook_makes_has_a_limit_and_a_name() -> None:
     kinds = {child.kind for child in CHILD_KINDS}
     assert kinds == set(names.KIND_LIMITS)

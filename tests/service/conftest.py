@@ -6,5 +6,5 @@ from tests.support.service import HookClient
 
 
 @pytest.fixture(scope="session")
-def hooks(hook_url: str) -> HookClient:
+def hooks(hook_url: str, schemas_loaded: None) -> HookClient:
     return HookClient(hook_url)

@@ -87,6 +87,11 @@ def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     return schemas
 
 
+def load_simulated_schemas() -> None:
+    """Read the upstream CRDs now, not inside the first test that simulates them."""
+    _crd_schemas()
+
+
 def _apply_crd_defaults(schema: dict[str, Any], value: Any) -> None:
     """Structural defaulting, as the API server does for custom resources."""
     if isinstance(value, dict):

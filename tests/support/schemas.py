@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import yaml
+from referencing import Registry, Resource
 
 from tests.support.prerequisites import REPO, SCHEMAS, go_module, need_schemas
 
@@ -80,30 +81,54 @@ def _crds_in(directory: str) -> dict[tuple[str, str], Any]:
     return validators
 
 
+def strict_schemas(version: str) -> Path:
+    """kubernetes-validate's strict schemas of one Kubernetes version: a file per kind, and
+    _definitions.json that they all reference."""
+    return Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{version}-local-strict"
+
+
 def definition(name: str, version: str) -> dict[str, Any]:
     """One type's JSON schema as kubernetes-validate ships it, e.g. podspec-v1."""
-    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{version}-local-strict"
-    return json.loads((root / f"{name}.json").read_text())
+    return json.loads((strict_schemas(version) / f"{name}.json").read_text())
+
+
+@cache
+def _core_validator(api_version: str, kind: str) -> jsonschema.Draft202012Validator | None:
+    """The validator kubernetes_validate.validate(strict=True) builds for one core kind, built once:
+    the library reads and parses its definitions file on every call."""
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    path = strict_schemas(KUBERNETES_VERSION) / f"{kind.lower()}-{group_version}.json"
+    if not path.is_file():
+        return None
+    schema = json.loads(path.read_text())
+    registry = _core_definitions() @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+@cache
+def _core_definitions() -> Resource:
+    return Resource.from_contents(json.loads((strict_schemas(KUBERNETES_VERSION) / "_definitions.json").read_text()))
 
 
 def validate(obj: dict[str, Any], crd_dirs: list[Path]) -> None:
     """Raise AssertionError naming the object and every problem with it."""
     api_version, kind = obj.get("apiVersion", ""), obj.get("kind", "")
     label = f"{kind} {obj.get('metadata', {}).get('name')}"
-    for directory in crd_dirs:
-        validator = _crds_in(str(directory)).get((api_version, kind))
-        if validator is not None:
-            errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
-            assert not errors, f"{label}: " + "; ".join(
-                f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors
-            )
-            return
-    try:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as error:
-        raise AssertionError(f"{label}: {error}") from None
-    except kubernetes_validate.SchemaNotFoundError as error:
-        raise AssertionError(f"{label}: no schema for {api_version} {kind}: {error}") from None
+    validator = next(
+        (found for d in crd_dirs if (found := _crds_in(str(d)).get((api_version, kind))) is not None),
+        _core_validator(api_version, kind),
+    )
+    assert validator is not None, f"{label}: no schema for {api_version} {kind}"
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    assert not errors, f"{label}: " + "; ".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+
+
+def load_schemas() -> None:
+    """Read every schema the checks use, now rather than inside the first check."""
+    for directory in [REPO / "crds"] + ([SCHEMAS] if SCHEMAS.is_dir() else []):
+        _crds_in(str(directory))
+    _status_schema()
+    _core_definitions()
 
 
 # Kinds only the upstream CRDs in SCHEMAS describe.
@@ -314,8 +339,7 @@ def hook_schema() -> str:
     """hooks/kubernetes-schema.json: the Kubernetes 1.33 definitions of HOOK_SCHEMA_ROOTS and
     everything they reference, generated from kubernetes-validate's strict schemas, with the
     enums of Kubernetes' generated OpenAPI definitions (KUBERNETES_MODULE)."""
-    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBERNETES_VERSION}-local-strict"
-    definitions = json.loads((root / "_definitions.json").read_text())["$defs"]
+    definitions = json.loads((strict_schemas(KUBERNETES_VERSION) / "_definitions.json").read_text())["$defs"]
     enums = kubernetes_enums()
     wanted: set[str] = set()
     pending = list(HOOK_SCHEMA_ROOTS.values())
