@@ -43,6 +43,14 @@ PLANE = {
         for account in ("disc", "register")
     ),
 }
+# examples/pd-disaggregated.yaml's first two steps: its router with the budgets, then its pools.
+PD_SERVERS = {
+    ("Deployment", "qwen-pd-server"),
+    ("Service", "qwen-pd-server"),
+    ("PodDisruptionBudget", "qwen-pd-prefill"),
+    ("PodDisruptionBudget", "qwen-pd-decode"),
+}
+PD_POOLS = {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
 # With the gateway, the Endpoint Picker's identity is part of the plane too.
 GATEWAY_PLANE = PLANE | {(kind, "qwen-pd-epp") for kind in ("ServiceAccount", "Role", "RoleBinding")}
 
@@ -173,13 +181,8 @@ def test_without_the_customize_hook_the_plane_waits_out_the_drain_bound(hooks) -
     mc.run_pods()
     # The hooks were down for long: the bound counts from when the wait for pods begins.
     mc.parent["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert deleted(mc.finalize()) == {
-        ("Deployment", "qwen-pd-server"),
-        ("Service", "qwen-pd-server"),
-        ("PodDisruptionBudget", "qwen-pd-prefill"),
-        ("PodDisruptionBudget", "qwen-pd-decode"),
-    }
-    assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
+    assert deleted(mc.finalize()) == PD_SERVERS
+    assert deleted(mc.finalize()) == PD_POOLS
     # Pods are not visible: the plane stays for the drain bound, a worker's grace period (120 s
     # here) and the garbage collector's 30 s.
     waiting = "the pods are not visible (no customize hook), so the plane waits 2m30s"
@@ -373,13 +376,8 @@ def test_an_unreadable_spec_still_tears_down_in_order(hooks, case: str) -> None:
     mc = Metacontroller(hooks, REPO / "examples" / "pd-disaggregated.yaml")
     mc.converge()
     mc.edit(UNREADABLE[case])
-    assert deleted(mc.finalize()) == {
-        ("Deployment", "qwen-pd-server"),
-        ("Service", "qwen-pd-server"),
-        ("PodDisruptionBudget", "qwen-pd-prefill"),
-        ("PodDisruptionBudget", "qwen-pd-decode"),
-    }
-    assert deleted(mc.finalize()) == {("Deployment", "qwen-pd-prefill"), ("Deployment", "qwen-pd-decode")}
+    assert deleted(mc.finalize()) == PD_SERVERS
+    assert deleted(mc.finalize()) == PD_POOLS
     assert deleted(mc.finalize()) == PLANE
     assert mc.finalize() == [("finalized", "InferaDeployment", "qwen-pd")]
 
