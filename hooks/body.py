@@ -29,8 +29,8 @@ Refused = Callable[[str, str], None]  # (request path, outcome): counted in the 
 
 
 def _plain_error(start_response: StartResponse, status: str, message: str) -> list[bytes]:
-    # No Connection: close (gunicorn drops hop-by-hop headers): an unread rest of the body is
-    # discarded under the keep-alive timeout before the connection takes another request.
+    # The connection closes after this answer (hooks.server): an unread rest of the body is
+    # never taken for another request.
     body = json.dumps({"error": message}).encode()
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
     return [body]

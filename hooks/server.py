@@ -7,12 +7,14 @@ deadlines bound how long it may take:
 
 - request line and headers: gunicorn's keep-alive timeout (5 s; the connection is closed);
   sooner when the worker holds its most connections and this one has waited longest
-  (`Connections`: idle clients never keep out a probe or a hook call);
+  (`Connections`: clients that send nothing never keep out a probe or a hook call);
 - the body: `client_timeout` seconds once the app starts reading it (408);
 - every send and receive on the socket: `client_timeout` (a client that stops reading its
   answer is disconnected instead of holding the greenlet, its body and the answer).
 
 The body is read whole, within its own budget of bytes, before the app sees it (hooks.body).
+Each connection carries one request (`Connection: close`): none is left idle for a client to
+reuse just as the server closes it.
 """
 
 import logging
@@ -56,8 +58,8 @@ class ServeOptions:
 class Connections:
     """The client connections of one gevent worker. gevent's pool holds at most `limit` (then
     the worker accepts no more): once this many are open, the one that has waited longest for
-    a request (idle between keep-alive requests, or not sending its line and headers) is closed,
-    as its keep-alive timeout would, for each connection that opens or goes idle. So a new
+    its request (not sending its line and headers) is closed, as its keep-alive timeout would,
+    for each connection that opens or begins to wait. So a new
     connection waits only while `limit` connections are each in a request, its body arriving
     or its answer leaving, both within the client timeout."""
 
@@ -147,8 +149,9 @@ def serve(options: ServeOptions) -> None:
 
     class HookWorker(GeventWorker):
         """gevent's worker, but a client socket gives up after client_timeout (gunicorn's
-        makes it blocking for good, so a client that stopped reading held its connection), and
-        idle connections make room for new ones (Connections)."""
+        makes it blocking for good, so a client that stopped reading held its connection),
+        connections waiting for a request make room for new ones (Connections), and each
+        connection carries one request."""
 
         def init_process(self) -> None:
             self.connections = Connections(self.worker_connections, self.cfg.keepalive)
@@ -162,6 +165,14 @@ def serve(options: ServeOptions) -> None:
 
         def timeout_ctx(self) -> RequestWait:
             return self.connections.request_wait()
+
+        def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> None:
+            # One request per connection. A connection left idle would be closed at the keep-alive
+            # timeout, and a client's next request could meet that close on the way: Go's client
+            # (Metacontroller's) keeps idle connections for 90 s, and its partly written POST fails
+            # with a broken pipe and is not retried. Closed after each answer, none is left idle.
+            req.must_close = True
+            super().handle_request(listener_name, req, sock, addr)
 
         def handle(self, listener: Any, client: Any, addr: Any) -> None:
             client.settimeout(options.client_timeout)
@@ -204,8 +215,8 @@ def serve(options: ServeOptions) -> None:
             self.cfg.set("worker_class", HookWorker)
             self.cfg.set("worker_connections", WORKER_CONNECTIONS)
             self.cfg.set("timeout", options.timeout)
-            # How long an idle connection stays open, and also the deadline for a request's
-            # line and headers: a client that has not sent them within 5 s is disconnected.
+            # The deadline for a request's line and headers: a client that has not sent them
+            # within 5 s is disconnected. (No connection is kept idle: HookWorker.handle_request.)
             self.cfg.set("keepalive", 5)
             self.cfg.set("graceful_timeout", GRACEFUL_TIMEOUT_SECONDS)
             self.cfg.set("logconfig_dict", LOGGING)
