@@ -4,24 +4,21 @@ Service's selector in place and only then deletes the old generation, as docs/ro
 and a revert while the new generation cannot be scheduled removes it and writes nothing to the
 serving one. Every status the API server stores is read through a watch (what `kubectl get
 idep -w` shows), every write from its audit log.
-
-Metacontroller's part is played by tests/support/composite_driver.py, as in test_graphs.py.
 """
 
 import copy
 import json
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-import httpx
 import pytest
 
 from hooks.vocabulary import GENERATION_LABEL
-from tests.cluster.test_graphs import columns, driver_writes, eventually, get
-from tests.support.cluster import NODE_NAMES, Cluster
-from tests.support.localcluster import METACONTROLLER_USER, Installed
+from tests.cluster.test_graphs import columns, eventually, get, metacontroller_writes
+from tests.support.cluster import NODE_NAMES, Cluster, versions_of
+from tests.support.localcluster import Installed
+from tests.support.metacontroller import USER as METACONTROLLER_USER
 from tests.support.prerequisites import REPO
 from tests.support.requests import load_yaml
 
@@ -50,7 +47,7 @@ def stable_graph(installed: Installed, namespace: str) -> dict[str, Any]:
     assert waited.returncode == 0, (
         waited.stderr,
         cluster.unready_pods(namespace),
-        installed.driver and installed.driver.errors,
+        installed.metacontroller.errors(),
     )
     parent = eventually(lambda: settled(cluster, namespace, "Stable"), "the graph to be Stable")
     generation = parent["status"]["rollout"]["servingGeneration"]
@@ -134,51 +131,10 @@ def patch_image(cluster: Cluster, namespace: str, image: str) -> int:
     return int(json.loads(patched.stdout)["metadata"]["generation"])
 
 
-@contextmanager
-def watched(cluster: Cluster, namespace: str, resource_version: str) -> Iterator[list[dict[str, Any]]]:
-    """Every version of the graph the API server stores from `resource_version` on, as a watch
-    delivers them (`kubectl get idep -w`): none is missed, however brief. The watch ends every
-    two seconds on the server's side and resumes from the last version seen, until the block
-    ends."""
-    seen: list[dict[str, Any]] = []
-    errors: list[str] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        version = resource_version
-        with cluster.admin() as client:
-            while not stop.is_set():
-                params = {
-                    "watch": "true",
-                    "fieldSelector": f"metadata.name={NAME}",
-                    "resourceVersion": version,
-                    "timeoutSeconds": "2",
-                }
-                try:
-                    with client.stream("GET", IDEPS.format(namespace=namespace), params=params) as reply:
-                        reply.raise_for_status()
-                        for line in reply.iter_lines():
-                            if not line:
-                                continue
-                            event = json.loads(line)
-                            if event["type"] not in ("ADDED", "MODIFIED"):
-                                errors.append(json.dumps(event))
-                                return
-                            seen.append(event["object"])
-                            version = event["object"]["metadata"]["resourceVersion"]
-                except httpx.HTTPError as error:
-                    errors.append(repr(error))
-                    return
-
-    thread = threading.Thread(target=run, name="idep-watch", daemon=True)
-    thread.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-    assert not thread.is_alive(), "the watch did not end"
-    assert errors == []
+def watched(cluster: Cluster, namespace: str, resource_version: str) -> AbstractContextManager[list[dict[str, Any]]]:
+    """Every version of the graph the API server stores from `resource_version` on
+    (`kubectl get idep -w`)."""
+    return versions_of(cluster, IDEPS.format(namespace=namespace), NAME, resource_version)
 
 
 def phases(seen: list[dict[str, Any]], generation: int) -> list[tuple[str, str, str | None]]:
@@ -204,7 +160,7 @@ def test_an_image_change_starts_the_new_generation_moves_the_service_in_place_th
     parent = stable_graph(installed, namespace)
     old = parent["status"]["rollout"]["servingGeneration"]
     service = front_door(cluster, namespace)
-    since_driver = len(cluster.audit_writes(METACONTROLLER_USER))
+    since_metacontroller = len(cluster.audit_writes(METACONTROLLER_USER))
     since = len(audited(cluster, namespace))
 
     with watched(cluster, namespace, parent["metadata"]["resourceVersion"]) as seen:
@@ -249,7 +205,9 @@ def test_an_image_change_starts_the_new_generation_moves_the_service_in_place_th
 
     # Metacontroller's writes, in order: the new generation's Deployments, then the Service's
     # selector, then the old generation's Deployments deleted; nothing else but the status.
-    writes = [w for w in driver_writes(cluster, namespace, since_driver) if w[1] != "inferadeployments/status"]
+    writes = [
+        w for w in metacontroller_writes(cluster, namespace, since_metacontroller) if w[1] != "inferadeployments/status"
+    ]
     assert len(writes) == 7, writes
     assert sorted(writes[:3]) == [("create", "deployments", name) for name in sorted(deployments_of(new))], writes
     assert writes[3] == ("update", "services", FRONT_DOOR), writes
@@ -362,7 +320,7 @@ def test_reverting_mid_rollout_deletes_the_incoming_generation_and_writes_nothin
         )
         assert still["status"]["rollout"]["incomingGeneration"] == new
         assert still["status"]["state"] == "ready"
-        since_driver = len(cluster.audit_writes(METACONTROLLER_USER))
+        since_metacontroller = len(cluster.audit_writes(METACONTROLLER_USER))
 
         with watched(cluster, namespace, still["metadata"]["resourceVersion"]) as seen:
             reverted = patch_image(cluster, namespace, image)
@@ -383,7 +341,9 @@ def test_reverting_mid_rollout_deletes_the_incoming_generation_and_writes_nothin
     }
     assert phases(seen, reverted) == [("Draining", old, None), ("Stable", old, None)]
     # Metacontroller's writes after the revert: the incoming generation's Deployments deleted.
-    writes = [w for w in driver_writes(cluster, namespace, since_driver) if w[1] != "inferadeployments/status"]
+    writes = [
+        w for w in metacontroller_writes(cluster, namespace, since_metacontroller) if w[1] != "inferadeployments/status"
+    ]
     assert sorted(writes) == [("delete", "deployments", name) for name in sorted(deployments_of(new))]
     assert {d["metadata"]["name"] for d in get(cluster, "-n", namespace, "deployments")["items"]} == deployments_of(old)
     eventually(lambda: incoming() == [], "the new generation's pods to be gone")

@@ -2,13 +2,15 @@
 API server refuses to create again after `kubectl delete` (a ResourceQuota), a broker pod no
 node takes, and a BlueGreen front door deleted or edited mid-rollout. What the graph says is
 read from `kubectl get idep` and a watch of its versions; who wrote what, from the audit log.
-
-Metacontroller's part is played by tests/support/composite_driver.py, as in test_graphs.py.
 """
 
 import copy
+import http.server
 import json
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,13 +30,16 @@ from tests.cluster.test_blue_green import (
     watched,
     writes_to,
 )
-from tests.cluster.test_graphs import columns, eventually, get
+from tests.cluster.test_graphs import children, columns, eventually, get, metacontroller_writes, set_hook_urls
 from tests.support.cluster import Cluster
 from tests.support.localcluster import Installed
+from tests.support.metacontroller import USER as METACONTROLLER_USER
 from tests.support.prerequisites import REPO
-from tests.support.requests import load_yaml
+from tests.support.requests import controller, load_yaml
 
 PD_NAME = "qwen-faults"
+# The hooks' timeout the bundle's CompositeController gives Metacontroller ("10s").
+HOOK_TIMEOUT_SECONDS = int(controller()["spec"]["hooks"]["sync"]["webhook"]["timeout"].removesuffix("s"))
 
 
 def ready_pd_graph(installed: Installed, namespace: str) -> dict[str, Any]:
@@ -79,31 +84,31 @@ def test_a_child_the_api_server_will_not_create_again_holds_readiness_and_is_nam
         "spec": {"hard": {"services": "0"}},
     }
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(quota))
-    errors_before = len(installed.driver.errors)
-    kubectl(cluster, "delete", "-n", namespace, "service", service)
+    since = len(cluster.audit_writes_to(namespace, "services", service))
+    with installed.metacontroller.erring():
+        kubectl(cluster, "delete", "-n", namespace, "service", service)
 
-    said = f"not created yet: Service {service} (if it stays missing, another object holds the name"
-    pending = eventually(
-        lambda: (idep := get(cluster, "-n", namespace, "idep", PD_NAME))["status"]["state"] == "pending" and idep,
-        "the graph to say it is pending",
-    )
-    assert said in pending["status"]["message"]
-    assert conditions(pending)["Ready"][:2] == ("False", "ChildrenMissing")
-    assert conditions(pending)["ChildrenCreated"][:2] == ("False", "ChildrenMissing")
-    shown = columns(cluster, namespace, PD_NAME, "wide")
-    assert shown["STATE"] == "pending" and shown["MESSAGE"].startswith(said)
-    wait_for(cluster, namespace, "ChildrenCreated=False", 10)
-    # Metacontroller's create was refused by the quota, every time it tried.
-    refused = installed.driver.errors[errors_before:]
-    assert refused and all("exceeded quota" in error for error in refused), refused
+        said = f"not created yet: Service {service} (if it stays missing, another object holds the name"
+        pending = eventually(
+            lambda: (idep := get(cluster, "-n", namespace, "idep", PD_NAME))["status"]["state"] == "pending" and idep,
+            "the graph to say it is pending",
+        )
+        assert said in pending["status"]["message"]
+        assert conditions(pending)["Ready"][:2] == ("False", "ChildrenMissing")
+        assert conditions(pending)["ChildrenCreated"][:2] == ("False", "ChildrenMissing")
+        shown = columns(cluster, namespace, PD_NAME, "wide")
+        assert shown["STATE"] == "pending" and shown["MESSAGE"].startswith(said)
+        wait_for(cluster, namespace, "ChildrenCreated=False", 10)
+        # Metacontroller's create was refused by the quota, every time it tried.
+        tried = [e for e in cluster.audit_writes_to(namespace, "services", service)[since:] if e["verb"] == "create"]
+        assert tried and all(e["user"]["username"] == METACONTROLLER_USER for e in tried), tried
+        assert all(
+            e["responseStatus"]["code"] == 403 and "exceeded quota" in e["responseStatus"]["message"] for e in tried
+        )
 
-    kubectl(cluster, "delete", "-n", namespace, "resourcequota", "no-more-services")
-    wait_for(cluster, namespace, "Ready")
+        kubectl(cluster, "delete", "-n", namespace, "resourcequota", "no-more-services")
+        wait_for(cluster, namespace, "Ready")
     assert conditions(get(cluster, "-n", namespace, "idep", PD_NAME))["ChildrenCreated"][:2] == ("True", "AllCreated")
-    # What the quota refused was expected; the driver's other errors still fail the module.
-    installed.driver.errors[errors_before:] = [
-        error for error in installed.driver.errors[errors_before:] if "exceeded quota" not in error
-    ]
 
 
 @pytest.mark.parametrize("namespace", ["faults-broker"], indirect=True)
@@ -127,6 +132,86 @@ def test_a_broker_pod_no_node_takes_holds_readiness_in_the_schedulers_words(
         assert "node(s) were unschedulable" in message
         assert conditions(pending)["Ready"][:2] == ("False", "BrokerNotReady")
     wait_for(cluster, namespace, "Ready")
+
+
+@contextmanager
+def hooks_that_fail(how: str) -> Iterator[tuple[str, list[str]]]:
+    """A loopback server in the hooks' place that answers every call with a 500 (`how` "500")
+    or not within Metacontroller's hook timeout ("slow"): its URL, and the paths it was called at."""
+    calls: list[str] = []
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            calls.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if how == "slow":
+                time.sleep(HOOK_TIMEOUT_SECONDS + 2)
+            body = b'{"error": "failing on purpose"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", calls
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("namespace", ["faults-hook-errors"], indirect=True)
+@pytest.mark.parametrize("how", ["500", "slow"])
+def test_hooks_that_answer_500_or_too_late_keep_every_child_and_are_called_again(
+    installed: Installed, namespace: str, how: str
+) -> None:
+    """Metacontroller's own handling of a failing hook: it writes nothing to the graph or its
+    children, says why in a Warning event on the graph, and calls again; once the hooks answer,
+    the graph is Ready with the children it had."""
+    cluster, metacontroller = installed.cluster, installed.metacontroller
+    parent = ready_pd_graph(installed, namespace)
+    before = versions(cluster, namespace, parent["metadata"]["uid"])
+    since = len(cluster.audit_writes(METACONTROLLER_USER))
+    with metacontroller.erring(), hooks_that_fail(how) as (url, calls):
+        set_hook_urls(cluster, url)
+        try:
+            eventually(lambda: len(calls) >= 3, "three calls of the failing hooks", 120)
+            said = "unsupported status code: 500" if how == "500" else "Client.Timeout exceeded"
+            eventually(
+                lambda: any(
+                    e["type"] == "Warning" and said in e["message"]
+                    for e in get(
+                        cluster,
+                        "-n",
+                        namespace,
+                        "events",
+                        "--field-selector",
+                        f"involvedObject.name={PD_NAME},reason=SyncError",
+                    )["items"]
+                ),
+                f"a SyncError event saying {said!r}",
+            )
+            assert metacontroller_writes(cluster, namespace, since) == []
+        finally:
+            answered = len(installed.hooks.calls("sync"))
+            set_hook_urls(cluster, installed.hooks_url)
+            eventually(lambda: len(installed.hooks.calls("sync")) > answered, "a sync the hooks answer")
+    wait_for(cluster, namespace, "Ready")
+    assert versions(cluster, namespace, parent["metadata"]["uid"]) == before
+    assert get(cluster, "-n", namespace, "idep", PD_NAME)["status"] == parent["status"]
+
+
+def versions(cluster: Cluster, namespace: str, uid: str) -> dict[tuple[str, str], str]:
+    """Each child of the graph, by kind and name, with its resourceVersion."""
+    return {
+        (c["kind"], c["metadata"]["name"]): c["metadata"]["resourceVersion"] for c in children(cluster, namespace, uid)
+    }
 
 
 def untouched(cluster: Cluster, namespace: str, generation: str) -> dict[str, tuple[str, str]]:

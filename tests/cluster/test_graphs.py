@@ -2,10 +2,9 @@
 example converging on kwok GPU nodes, zero writes at steady state counted from the API server's
 audit log, changes, and deletion through the finalize hook and the real garbage collector.
 
-Metacontroller's part is played by tests/support/composite_driver.py (the module proxy does
-not serve Metacontroller); everything else is the real program: kube-apiserver,
-kube-controller-manager, kube-scheduler, kwok, the LeaderWorkerSet controller and
-`infera-hooks serve`.
+Every program is the real one: Metacontroller v4.17.2 (tests/support/metacontroller.py),
+kube-apiserver, kube-controller-manager, kube-scheduler, kwok, the LeaderWorkerSet controller
+and `infera-hooks serve`.
 """
 
 import asyncio
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, get_args
 from urllib.parse import urlsplit
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -30,17 +30,18 @@ from hooks.api.status import State
 from hooks.contract import parse_request
 from hooks.vocabulary import CHILD_KINDS
 from tests.support import kubelet
-from tests.support.cluster import NODE_NAMES, Cluster, accepted_status, graph_namespace
-from tests.support.composite_driver import LAST_APPLIED, RESOURCES
+from tests.support.cluster import NODE_NAMES, Cluster, accepted_status, graph_namespace, versions_of
 from tests.support.e2e import sandbox
 from tests.support.e2e.graphs import mixed
 from tests.support.e2e.tokenizer import build_tokenizer
-from tests.support.localcluster import COMPONENTS, CONTROLLER, METACONTROLLER_USER, Installed
+from tests.support.localcluster import COMPONENTS, CONTROLLER, Installed
+from tests.support.metacontroller import RESYNC_SECONDS
+from tests.support.metacontroller import USER as METACONTROLLER_USER
 from tests.support.metrics_api import running_metrics_api
 from tests.support.prerequisites import REPO, SHARED, need_runtime
-from tests.support.requests import RESOURCE_KINDS, controller, load_yaml, request_body
+from tests.support.requests import KIND_RESOURCES, RESOURCE_KINDS, controller, load_yaml, request_body
 from tests.support.service import HookClient
-from tests.support.simulator import Metacontroller
+from tests.support.simulator import LAST_APPLIED, Metacontroller
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 GPU = ("amd.com/gpu", "nvidia.com/gpu")
@@ -124,7 +125,7 @@ def example_namespace(installed: Installed, example: Path) -> Iterator[str]:
 def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
     installed: Installed, example: Path, example_namespace: str
 ) -> None:
-    cluster, driver = installed.cluster, installed.driver
+    cluster = installed.cluster
     namespace = example_namespace
     applied = cluster.kubectl("apply", "-n", namespace, "-f", str(example))
     assert applied.returncode == 0, applied.stderr
@@ -140,7 +141,7 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
         waited.stderr,
         get(cluster, "-n", namespace, "idep", name).get("status"),
         cluster.unready_pods(namespace),
-        driver.errors,
+        installed.metacontroller.errors(),
     )
 
     blue_green = (idep["spec"].get("rollout") or {}).get("strategy") == "BlueGreen"
@@ -165,8 +166,10 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
             uid,
             True,
         )
-    created = {(resource, name) for verb, resource, name in driver_writes(cluster, namespace, 0) if verb == "create"}
-    assert {(RESOURCES[c["kind"]], c["metadata"]["name"]) for c in owned} <= created
+    created = {
+        (resource, name) for verb, resource, name in metacontroller_writes(cluster, namespace, 0) if verb == "create"
+    }
+    assert {(KIND_RESOURCES[c["kind"]], c["metadata"]["name"]) for c in owned} <= created
     if "modelCache" in idep["spec"]:
         # The gate: worker pools appear only once the download Job has completed.
         (job,) = get(cluster, "-n", namespace, "jobs")["items"]
@@ -215,13 +218,13 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
             f"{hpa}'s first report",
             timeout=60,
         )
-        passes = driver.passes
-        eventually(lambda passes=passes: driver.passes >= passes + 2, "two passes that read it")
+    synced(installed, 2)
 
-    # Steady state: the driver syncs every graph each second; over ten seconds Metacontroller's
-    # identity writes nothing to any object of this namespace.
+    # Steady state: over two resyncs Metacontroller writes nothing to any object of this
+    # namespace, and reuses answers it has: the hook answers 304 to a request it answered before.
     before = len(cluster.audit_writes(METACONTROLLER_USER))
-    time.sleep(10)
+    calls = synced(installed, 2)
+    assert "not_modified" in {call["outcome"] for call in calls}, calls
     writes = [
         (
             event["verb"],
@@ -235,13 +238,27 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
     assert writes == []
 
 
-def driver_writes(cluster: Cluster, namespace: str, since: int) -> list[tuple[str, str, str]]:
+def synced(installed: Installed, more: int) -> list[dict[str, Any]]:
+    """Until Metacontroller has had time to sync every graph `more` times more than now (events,
+    or its informers' resync every RESYNC_SECONDS, call the sync hook); the calls meanwhile."""
+    graphs = len(get(installed.cluster, "idep", "--all-namespaces")["items"])
+    start = len(installed.hooks.calls("sync"))
+    eventually(
+        lambda: len(installed.hooks.calls("sync")) >= start + more * graphs,
+        f"{more} syncs of {graphs} graphs",
+        timeout=more * RESYNC_SECONDS + 60,
+    )
+    return installed.hooks.calls("sync")[start:]
+
+
+def metacontroller_writes(cluster: Cluster, namespace: str, since: int) -> list[tuple[str, str, str]]:
     """(verb, resource, name) of Metacontroller's identity's writes in `namespace`, in order,
-    from the audit log entry `since` on."""
+    from the audit log entry `since` on; its Events (reports of what it did) left out."""
     return [
         (event["verb"], event["objectRef"]["resource"] + ("/" + event["objectRef"]["subresource"] if event["objectRef"].get("subresource") else ""), event["objectRef"].get("name", ""))
         for event in cluster.audit_writes(METACONTROLLER_USER)[since:]
         if event["objectRef"].get("namespace") == namespace and event["responseStatus"]["code"] < 300
+        and event["objectRef"]["resource"] != "events"
     ]  # fmt: skip
 
 
@@ -282,8 +299,8 @@ def test_scaling_one_pool_writes_only_its_workload_and_the_status(installed: Ins
     )
     waited = cluster.kubectl("wait", "-n", "scale", "--for=condition=Ready", "idep/qwen-pd", "--timeout=60s")
     assert waited.returncode == 0, waited.stderr
-    time.sleep(3)
-    writes = driver_writes(cluster, "scale", since)
+    synced(installed, 2)
+    writes = metacontroller_writes(cluster, "scale", since)
     assert {write for write in writes if write[1] != "inferadeployments/status"} == {
         ("update", "deployments", "qwen-pd-decode")
     }
@@ -316,8 +333,10 @@ def test_a_spec_the_hook_refuses_fails_in_status_and_keeps_every_child(installed
         "spec.services.decode.extraPodSpec: the API server would refuse Deployment qwen-pd-decode made from it: "
         "spec.template.spec.containers[0].volumeMounts[0].name: no volume named 'models' in the pod"
     )
-    time.sleep(3)
-    assert {w for w in driver_writes(cluster, "refused", since)} == {("update", "inferadeployments/status", "qwen-pd")}
+    synced(installed, 2)
+    assert {w for w in metacontroller_writes(cluster, "refused", since)} == {
+        ("update", "inferadeployments/status", "qwen-pd")
+    }
     after = {
         (c["kind"], c["metadata"]["name"]): c["metadata"]["resourceVersion"]
         for c in children(cluster, "refused", parent["metadata"]["uid"])
@@ -335,7 +354,7 @@ def set_hook_urls(cluster: Cluster, base: str) -> None:
 
 
 def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(installed: Installed) -> None:
-    cluster, driver = installed.cluster, installed.driver
+    cluster, metacontroller = installed.cluster, installed.metacontroller
     parent = ready_graph(installed, "teardown")
     uid = parent["metadata"]["uid"]
     assert parent["metadata"]["finalizers"] == [f"metacontroller.io/compositecontroller-{CONTROLLER}"]
@@ -354,21 +373,35 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
     assert created.returncode == 0, created.stderr
 
     # With the hooks unreachable the graph stays Terminating and keeps every child.
-    set_hook_urls(cluster, "http://127.0.0.1:9")
-    errors = len(driver.errors)
-    try:
-        deleted = cluster.kubectl("delete", "-n", "teardown", "idep", "qwen-pd", "--wait=false")
-        assert deleted.returncode == 0, deleted.stderr
-        since = len(cluster.audit_writes(METACONTROLLER_USER))
-        eventually(lambda: len(driver.errors) >= errors + 3, "three failed calls")
-        assert "deletionTimestamp" in get(cluster, "-n", "teardown", "idep", "qwen-pd")["metadata"]
-        assert len(children(cluster, "teardown", uid)) == 15
-        assert driver_writes(cluster, "teardown", since) == []
-    finally:
-        set_hook_urls(cluster, installed.hooks_url)
-        passes = driver.passes
-        eventually(lambda: driver.passes >= passes + 2, "a pass that reads the restored URLs")
-        del driver.errors[errors:]
+    with metacontroller.erring():
+        set_hook_urls(cluster, "http://127.0.0.1:9")
+        errors = len(metacontroller.errors())
+        try:
+            deleted = cluster.kubectl("delete", "-n", "teardown", "idep", "qwen-pd", "--wait=false")
+            assert deleted.returncode == 0, deleted.stderr
+            since = len(cluster.audit_writes(METACONTROLLER_USER))
+            eventually(lambda: len(metacontroller.errors()) >= errors + 3, "three failed calls")
+            assert "deletionTimestamp" in get(cluster, "-n", "teardown", "idep", "qwen-pd")["metadata"]
+            assert len(children(cluster, "teardown", uid)) == 15
+            assert metacontroller_writes(cluster, "teardown", since) == []
+            # What `kubectl describe idep` shows: Metacontroller's warning, naming the hook it could not call.
+            warnings = eventually(
+                lambda: get(
+                    cluster,
+                    "-n",
+                    "teardown",
+                    "events",
+                    "--field-selector",
+                    "involvedObject.name=qwen-pd,reason=SyncError",
+                )["items"],
+                "Metacontroller's SyncError event",
+            )
+            assert all(e["type"] == "Warning" and "http://127.0.0.1:9/" in e["message"] for e in warnings), warnings
+        finally:
+            # The errors are over once a finalize call reaches the hooks again.
+            finalized = len(installed.hooks.calls("finalize"))
+            set_hook_urls(cluster, installed.hooks_url)
+            eventually(lambda: len(installed.hooks.calls("finalize")) > finalized, "a finalize call")
 
     waited = cluster.kubectl("wait", "-n", "teardown", "--for=delete", "idep/qwen-pd", "--timeout=120s", timeout=150)
     assert waited.returncode == 0, waited.stderr
@@ -377,7 +410,9 @@ def test_deleting_a_graph_tears_it_down_in_order_and_waits_for_the_hooks(install
     assert [pod["metadata"]["name"] for pod in pods] == ["debug-qwen-pd-prefill"]
     assert cluster.kubectl("delete", "-n", "teardown", "pod", "debug-qwen-pd-prefill").returncode == 0
     deletes = [
-        (resource, name) for verb, resource, name in driver_writes(cluster, "teardown", since) if verb == "delete"
+        (resource, name)
+        for verb, resource, name in metacontroller_writes(cluster, "teardown", since)
+        if verb == "delete"
     ]
     stages = [
         {("deployments", "qwen-pd-server"), ("services", "qwen-pd-server"), ("poddisruptionbudgets", "qwen-pd-decode"), ("poddisruptionbudgets", "qwen-pd-prefill")},
@@ -716,18 +751,26 @@ def test_switching_shapes_prunes_and_creates_what_the_hook_renders_as_the_simula
 def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed, tmp_path: Path) -> None:
     """The autoscaling example's decode pool under the real HorizontalPodAutoscaler controller,
     fed by a custom metrics API with 20 requests waiting over the decode pods (the target is
-    4 a pod): it scales the pool from 2 to 5 and stays there. Each resize the driver sees is
-    recorded in the last-applied annotation (the hook emits the live count) and nothing else
-    of the Deployment is written, as the simulator says."""
-    cluster, driver = installed.cluster, installed.driver
-    assert driver is not None
-    with running_metrics_api(cluster, tmp_path, {"sglang_num_queue_reqs": 20}):
-        changes = len(driver.changes)
-        ready_graph(installed, "autoscaled", REPO / "examples" / "pd-autoscaling.yaml")
-        deployment = lambda: get(cluster, "-n", "autoscaled", "deployment", "qwen-auto-decode")  # noqa: E731
-        eventually(lambda: deployment()["spec"]["replicas"] == 5, "the autoscaler to scale decode to 5")
+    4 a pod): it scales the pool from 2 to 5 and stays there. Every version of the Deployment
+    the API server stores, from a watch: the autoscaler's resize is its only change of spec, and
+    Metacontroller records it in the last-applied annotation (the hook emits the live count)."""
+    cluster = installed.cluster
+    namespace = "autoscaled"
+    assert cluster.kubectl("create", "namespace", namespace).returncode == 0
+    listed = get(cluster, "-n", namespace, "deployments")["metadata"]["resourceVersion"]
+    deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+    with (
+        running_metrics_api(cluster, tmp_path, {"sglang_num_queue_reqs": 20}),
+        versions_of(cluster, deployments, "qwen-auto-decode", listed) as seen,
+    ):
+        since = len(cluster.audit_writes(METACONTROLLER_USER))
+        applied = cluster.kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "pd-autoscaling.yaml"))
+        assert applied.returncode == 0, applied.stderr
+        deployment = lambda: get(cluster, "-n", namespace, "deployment", "qwen-auto-decode")  # noqa: E731
+        eventually(lambda: seen, "Metacontroller to create the decode Deployment")
+        eventually(lambda: deployment()["spec"]["replicas"] == 5, "the autoscaler to scale decode to 5", 180)
         eventually(lambda: deployment()["status"].get("readyReplicas") == 5, "five decode pods")
-        hpa = lambda: get(cluster, "-n", "autoscaled", "hpa", "qwen-auto-decode")["status"]  # noqa: E731
+        hpa = lambda: get(cluster, "-n", namespace, "hpa", "qwen-auto-decode")["status"]  # noqa: E731
         scaled = hpa()["lastScaleTime"]
         # Its next evaluation, on five pods (4 waiting each, the target), wants five: it stands.
         eventually(
@@ -738,16 +781,27 @@ def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed,
             "the autoscaler to evaluate five pods",
             timeout=60,
         )
-        passes = driver.passes
-        eventually(lambda: driver.passes >= passes + 3, "three passes after it")
+        synced(installed, 3)
         assert (deployment()["spec"]["replicas"], hpa()["desiredReplicas"], hpa()["lastScaleTime"]) == (5, 5, scaled)
-    resizes = [patch for kind, name, patch in driver.changes[changes:] if name == "qwen-auto-decode"]
-    assert resizes, "the driver never saw the autoscaler's resize"
-    for patch in resizes:
-        assert [(op["op"], op["path"]) for op in patch] == [
-            ("replace", "/metadata/annotations/" + LAST_APPLIED.replace("/", "~1"))
-        ]
-    assert json.loads(resizes[-1][0]["value"])["spec"]["replicas"] == 5
+        eventually(
+            lambda: seen and seen[-1]["metadata"]["resourceVersion"] == deployment()["metadata"]["resourceVersion"],
+            "the watch to catch up",
+            30,
+        )
+    # Each version against the one before: what changed besides status and bookkeeping.
+    changes = []
+    for before, after in zip(seen, seen[1:], strict=False):
+        spec = jsonpatch.make_patch(before["spec"], after["spec"]).patch
+        recorded = [json.loads(v["metadata"]["annotations"][LAST_APPLIED])["spec"]["replicas"] for v in (before, after)]
+        if spec or recorded[0] != recorded[1]:
+            changes.append((spec, recorded[1]))
+    assert changes == [([{"op": "replace", "path": "/replicas", "value": 5}], 2), ([], 5)], changes
+    updates = [
+        w
+        for w in metacontroller_writes(cluster, namespace, since)
+        if w == ("update", "deployments", "qwen-auto-decode")
+    ]
+    assert updates, "Metacontroller never recorded the autoscaler's resize"
 
 
 Series = tuple[str, tuple[tuple[str, str], ...]]  # a metric's name and its labels, sorted

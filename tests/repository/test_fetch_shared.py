@@ -1,7 +1,8 @@
 """tests/support/fetch_shared.py, run as a user would, against a loopback stand-in for GitHub.
 
-The stand-in is built from ../shared itself: each schema at its path in its project at its tag, and a
-tarball of AMD-AGI/Infera at the pinned commit holding each upstream file at its path in that repository.
+The stand-in is built from ../shared itself: each schema at its path in its project at its tag, a
+tarball of AMD-AGI/Infera at the pinned commit holding each upstream file at its path in that repository,
+and one of Metacontroller's release holding metacontroller/source/.
 What the script writes must then be ../shared again, file for file. Nothing here goes online, so the two
 engine option lists (generated from 270 MB of wheels) are left out, and the folder READMEs, which document
 ../shared rather than come from upstream.
@@ -9,6 +10,7 @@ engine option lists (generated from 270 MB of wheels) are left out, and the fold
 
 import argparse
 import contextlib
+import hashlib
 import http.server
 import io
 import json
@@ -27,23 +29,23 @@ from tests.support.prerequisites import FETCH, RUNTIME, SHARED, need, need_runti
 SCRIPT = Path(fetch_shared.__file__)
 TOP = f"Infera-{fetch_shared.INFERA_COMMIT}"
 ARCHIVE = f"/{fetch_shared.INFERA_REPO}/tar.gz/{fetch_shared.INFERA_COMMIT}"
+MC_TOP = f"metacontroller-{fetch_shared.METACONTROLLER_TAG.removeprefix('v')}"
+MC_ARCHIVE = f"/{fetch_shared.METACONTROLLER_REPO}/tar.gz/refs/tags/{fetch_shared.METACONTROLLER_TAG}"
+FOLDERS = ("schemas", "upstream", fetch_shared.METACONTROLLER_SOURCE.as_posix())
 FOLDER_DOCS = {Path("schemas/README.md"), Path("upstream/README.md")}
 GENERATED = {Path("upstream") / fetch_shared.SGLANG_OPTIONS, Path("upstream") / fetch_shared.VLLM_OPTIONS}
 
 
 def shared_files() -> dict[Path, bytes]:
     """What the script fetches without the engine wheels, as ../shared has it."""
-    need(
-        (SHARED / "schemas").is_dir() and (SHARED / "upstream").is_dir(),
-        f"the shared folder is not at {SHARED}: {FETCH}",
-    )
+    need(all((SHARED / folder).is_dir() for folder in FOLDERS), f"the shared folder is not at {SHARED}: {FETCH}")
     return {path: data for path, data in tree(SHARED).items() if path not in FOLDER_DOCS | GENERATED}
 
 
 def tree(root: Path) -> dict[Path, bytes]:
     return {
         path.relative_to(root): path.read_bytes()
-        for folder in ("schemas", "upstream")
+        for folder in FOLDERS
         for path in sorted((root / folder).rglob("*"))
         if path.is_file()
     }
@@ -90,6 +92,15 @@ def github(files: dict[Path, bytes], extra_members: dict[str, bytes] | None = No
     # A file the table does not take, as the real tree has many: it must not be written.
     members[f"{TOP}/examples/k8s-deployments/README.md"] = b"not taken\n"
     routes[ARCHIVE] = tarball(members, extra_members or {})
+    source = fetch_shared.METACONTROLLER_SOURCE
+    release = {
+        f"{MC_TOP}/{path.relative_to(source).as_posix()}": data
+        for path, data in files.items()
+        if path.is_relative_to(source)
+    }
+    # Its docs, examples and the rest of the tree: none is pinned, none is written.
+    release[f"{MC_TOP}/docs/README.md"] = b"not taken\n"
+    routes[MC_ARCHIVE] = tarball(release, {})
     return routes
 
 
@@ -147,18 +158,24 @@ def test_fetch_writes_the_shared_folder_and_a_second_run_changes_nothing(tmp_pat
         first = run(into, base)
         assert first.returncode == 0, first.stderr
         assert tree(into) == files
-        assert sorted(path.name for path in into.iterdir()) == ["schemas", "upstream"]
+        assert sorted(path.name for path in into.iterdir()) == ["metacontroller", "schemas", "upstream"]
         for name in fetch_shared.SCHEMAS:
             assert f"fetched schemas/{name} from {base}/" in first.stdout
         upstream = sum(path.parts[0] == "upstream" for path in files)
         assert f"fetched upstream/ ({upstream} files of AMD-AGI/Infera at 5890f7f) from {base}{ARCHIVE}" in first.stdout
         assert "not generated: upstream/runtime/sglang-0.5.17-options.json" in first.stdout
+        pinned = len(fetch_shared.METACONTROLLER_SUMS.read_text().splitlines())
+        assert (
+            f"fetched metacontroller/source/ ({pinned} files of metacontroller/metacontroller v4.17.2, each as "
+            f"SHA256SUMS pins it) from {base}{MC_ARCHIVE}"
+        ) in first.stdout
 
         written = {path: path.stat().st_mtime_ns for path in into.rglob("*")}
         second = run(into, base)
         assert second.returncode == 0, second.stderr
         assert f"up to date: {into / 'schemas'}" in second.stdout
         assert f"up to date: {into / 'upstream'}" in second.stdout
+        assert f"up to date: {into / 'metacontroller' / 'source'}" in second.stdout
         assert {path: path.stat().st_mtime_ns for path in into.rglob("*")} == written
 
 
@@ -173,6 +190,27 @@ def test_an_http_error_is_one_line_naming_the_url_and_installs_nothing(tmp_path:
     # The schemas were fetched before the failure, but nothing reached the folder, not even a staging leftover.
     assert "fetched schemas/lws.yaml" in result.stdout
     assert list(into.iterdir()) == []
+
+
+def test_a_release_file_that_differs_from_its_pinned_digest_is_refused_and_installs_nothing(tmp_path: Path) -> None:
+    files = shared_files()
+    go_mod = fetch_shared.METACONTROLLER_SOURCE / "go.mod"
+    files[go_mod] += b"replace k8s.io/api => example.com/api v0.0.1\n"
+    into = tmp_path / "shared"
+    with serving(github(files)) as base:
+        line = one_error_line(run(into, base))
+    assert f"{base}{MC_ARCHIVE}: go.mod has sha256 " in line and ", not the pinned " in line
+    assert list(into.iterdir()) == []
+
+
+def test_the_pins_are_every_file_of_the_shared_release_and_nothing_else() -> None:
+    """SHA256SUMS is what ../shared's copy of the release holds, file for file: the build's
+    source and what a clone without ../shared fetches are the same tree."""
+    files = shared_files()
+    source = fetch_shared.METACONTROLLER_SOURCE
+    held = {path.relative_to(source).as_posix(): data for path, data in files.items() if path.is_relative_to(source)}
+    lines = fetch_shared.METACONTROLLER_SUMS.read_text().splitlines()
+    assert lines == [f"{hashlib.sha256(held[path]).hexdigest()}  {path}" for path in sorted(held)]
 
 
 def test_an_archive_path_out_of_the_tree_is_refused(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -151,6 +152,15 @@ class Cluster:
         prefix = f"system:serviceaccount:{namespace}:"
         return [event for event in self._completed_writes() if event["user"]["username"].startswith(prefix)]
 
+    def audit_writes_to(self, namespace: str, resource: str, name: str) -> list[dict[str, Any]]:
+        """Every completed write the audit log holds to one object (its subresources included)."""
+        return [
+            event
+            for event in self._completed_writes()
+            if (event["objectRef"].get("namespace"), event["objectRef"].get("resource"), event["objectRef"].get("name"))
+            == (namespace, resource, name)
+        ]
+
     def _completed_writes(self) -> list[dict[str, Any]]:
         events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
         return [event for event in events if event["stage"] == "ResponseComplete"]
@@ -186,6 +196,53 @@ def graph_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
     assert graphs.returncode == 0, (graphs.stderr, cluster.unready_pods(namespace))
     emptied = cluster.kubectl("delete", "namespace", namespace, "--timeout=150s", timeout=180)
     assert emptied.returncode == 0, (emptied.stderr, cluster.unready_pods(namespace))
+
+
+@contextmanager
+def versions_of(cluster: Cluster, collection: str, name: str, resource_version: str) -> Iterator[list[dict[str, Any]]]:
+    """Every version of the object `name` of the API path `collection` the API server stores from
+    `resource_version` on, as a watch delivers them (`kubectl get -w`): none is missed, however
+    brief. The watch ends every two seconds on the server's side and resumes from the last
+    version seen, until the block ends."""
+    seen: list[dict[str, Any]] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        version = resource_version
+        with cluster.admin() as client:
+            while not stop.is_set():
+                params = {
+                    "watch": "true",
+                    "fieldSelector": f"metadata.name={name}",
+                    "resourceVersion": version,
+                    "timeoutSeconds": "2",
+                }
+                try:
+                    with client.stream("GET", collection, params=params) as reply:
+                        reply.raise_for_status()
+                        for line in reply.iter_lines():
+                            if not line:
+                                continue
+                            event = json.loads(line)
+                            if event["type"] not in ("ADDED", "MODIFIED"):
+                                errors.append(json.dumps(event))
+                                return
+                            seen.append(event["object"])
+                            version = event["object"]["metadata"]["resourceVersion"]
+                except httpx.HTTPError as error:
+                    errors.append(repr(error))
+                    return
+
+    thread = threading.Thread(target=run, name=f"watch-{name}", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive(), "the watch did not end"
+    assert errors == []
 
 
 def kwok_node(name: str) -> dict[str, Any]:

@@ -3,9 +3,10 @@
     python tests/support/fetch_shared.py [--into DIR]
 
 writes DIR/schemas/ (the CRDs of LeaderWorkerSet, InferencePool, HTTPRoute, Metacontroller's controllers and
-the Prometheus Operator's PodMonitor, ServiceMonitor and PrometheusRule, each from its project's release) and DIR/upstream/ (AMD-AGI/Infera at commit 5890f7f: its CRD, examples,
+the Prometheus Operator's PodMonitor, ServiceMonitor and PrometheusRule, each from its project's release), DIR/upstream/ (AMD-AGI/Infera at commit 5890f7f: its CRD, examples,
 operator sources, runtime and manual pages, and the SGLang 0.5.17 and vLLM 0.25.1 option lists, generated
-from their PyPI wheels). Everything is downloaded into a staging folder under DIR and moved into place at
+from their PyPI wheels) and DIR/metacontroller/source/ (Metacontroller's v4.17.2 release: the files its build
+and install use, each checked against tests/metacontroller/SHA256SUMS). Everything is downloaded into a staging folder under DIR and moved into place at
 the end, so an interrupted run leaves DIR as it was. A folder that already holds the fetched files is left
 untouched, which makes a second run a no-op. Standard library only.
 """
@@ -69,6 +70,12 @@ SCHEMAS: dict[str, tuple[str, str, str]] = {
         for kind in ("podmonitor", "servicemonitor", "prometheusrule")
     },
 }
+
+METACONTROLLER_REPO = "metacontroller/metacontroller"
+METACONTROLLER_TAG = "v4.17.2"
+# Every file of that release the tests build and install from, with its sha256.
+METACONTROLLER_SUMS = HERE.parent / "metacontroller" / "SHA256SUMS"
+METACONTROLLER_SOURCE = Path("metacontroller") / "source"
 
 INFERA_REPO = "AMD-AGI/Infera"
 INFERA_COMMIT = "5890f7f60750b17f598a1226a37c5be1fecf8045"
@@ -248,6 +255,42 @@ def fetch_infera(into: Path, github_archive: str) -> None:
     print(f"fetched upstream/ ({written} files of {INFERA_REPO} at {INFERA_COMMIT[:7]}) from {url}")
 
 
+def fetch_metacontroller(into: Path, github_archive: str) -> None:
+    """The release's source archive, of which only the files SHA256SUMS pins are written, each
+    checked against its digest."""
+    url = f"{github_archive}/{METACONTROLLER_REPO}/tar.gz/refs/tags/{METACONTROLLER_TAG}"
+    lines = METACONTROLLER_SUMS.read_text().splitlines()
+    pinned = {path: digest for digest, path in (line.split("  ", 1) for line in lines)}
+    found: set[str] = set()
+    with opened(url) as response, tarfile.open(fileobj=response, mode="r|gz") as archive:
+        for member in archive:
+            path = PurePosixPath(member.name)
+            if path.is_absolute() or ".." in path.parts:
+                raise FetchError(f"{url}: unsafe path in the archive: {member.name}")
+            # The archive holds the tree in one top folder, metacontroller-<version>/.
+            inside = PurePosixPath(*path.parts[1:]).as_posix()
+            if inside not in pinned or member.isdir():
+                continue
+            if not member.isfile():
+                raise FetchError(f"{url}: {member.name} is not a regular file")
+            extracted = archive.extractfile(member)
+            assert extracted is not None  # a regular file has content
+            data = extracted.read()
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != pinned[inside]:
+                raise FetchError(f"{url}: {inside} has sha256 {digest}, not the pinned {pinned[inside]}")
+            (into / inside).parent.mkdir(parents=True, exist_ok=True)
+            (into / inside).write_bytes(data)
+            found.add(inside)
+    missing = sorted(pinned.keys() - found)
+    if missing:
+        raise FetchError(f"{url}: not in the archive: {', '.join(missing[:5])}")
+    print(
+        f"fetched {METACONTROLLER_SOURCE.as_posix()}/ ({len(found)} files of {METACONTROLLER_REPO} "
+        f"{METACONTROLLER_TAG}, each as {METACONTROLLER_SUMS.name} pins it) from {url}"
+    )
+
+
 def fetch_wheel(wheel: tuple[str, str], into: Path) -> Path:
     url, sha256 = wheel
     path = into / url.rpartition("/")[2]
@@ -397,6 +440,7 @@ def fetch(into: Path, github_raw: str, github_archive: str, engine_options: bool
         (stage / "schemas").mkdir()
         fetch_schemas(stage / "schemas", github_raw)
         fetch_infera(stage / "upstream", github_archive)
+        fetch_metacontroller(stage / METACONTROLLER_SOURCE, github_archive)
         if engine_options:
             (stage / "wheels").mkdir()
             sglang_wheel = fetch_wheel(SGLANG_WHEEL, stage / "wheels")
@@ -411,8 +455,9 @@ def fetch(into: Path, github_raw: str, github_archive: str, engine_options: bool
                 f"upstream/{VLLM_OPTIONS} (option strings of the vllm 0.25.1 wheel); run without --no-engine-options "
                 "to download the wheels (about 270 MB) and generate them"
             )
-        for name in ("schemas", "upstream"):
-            install(stage / name, into / name, stage / f"old-{name}")
+        for name in (Path("schemas"), Path("upstream"), METACONTROLLER_SOURCE):
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            install(stage / name, into / name, stage / f"old-{name.name}")
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

@@ -1,9 +1,10 @@
 """Programs the tests run, built from Go modules a go.mod of the tests pins (published modules
-through the module proxy, nothing vendored).
+through the module proxy, nothing vendored), or from a release's source tree (Metacontroller's).
 
 Each set is built once per machine into .cache/<name>/<key>/bin (gitignored), the key a digest
-of its go.mod, go.sum, the programs, the link flags and the Go version, so a version change
-builds afresh and a repeated run builds nothing. Go's own caches stay where Go keeps them.
+of the module folder's files (a go.mod and go.sum, or the whole source tree), the programs, the
+link flags and the Go version, so a version change builds afresh and a repeated run builds
+nothing. Go's own caches stay where Go keeps them.
 """
 
 import hashlib
@@ -33,20 +34,23 @@ def _built_name(package: str) -> str:
 def _key(go_binary: str, module: Path, programs: dict[str, str], ldflags: str) -> str:
     version = subprocess.run([go_binary, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout
     digest = hashlib.sha256(version.encode())
-    for name in ("go.mod", "go.sum"):
-        digest.update((module / name).read_bytes())
+    for path in sorted(path for path in module.rglob("*") if path.is_file()):
+        digest.update(path.read_bytes())
     digest.update(repr(sorted(programs.items())).encode() + ldflags.encode())
     return digest.hexdigest()[:16]
 
 
-def built(name: str, programs: dict[str, str], ldflags: str = "", cold_build: str = "") -> dict[str, Path]:
-    """The programs (installed name -> main package) of the module tests/<name>, each path
-    built first if this machine has not built these versions yet; `cold_build` says on stderr
-    how long a build takes when Go's build cache is cold."""
+def built(
+    name: str, programs: dict[str, str], ldflags: str = "", cold_build: str = "", module: Path | None = None
+) -> dict[str, Path]:
+    """The programs (installed name -> main package) of the module tests/<name>, or of the
+    source tree `module` (only read), each path built first if this machine has not built these
+    versions yet; `cold_build` says on stderr how long a build takes when Go's build cache is
+    cold."""
     go_binary = go()
     need(go_binary is not None, f"Go (1.26 or newer) builds {', '.join(programs)}: install it from go.dev/dl")
     assert go_binary is not None
-    module = REPO / "tests" / name
+    module = module or REPO / "tests" / name
     bin_dir = REPO / ".cache" / name / _key(go_binary, module, programs, ldflags) / "bin"
     paths = {program: bin_dir / program for program in programs}
     if all(path.is_file() for path in paths.values()):

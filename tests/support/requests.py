@@ -19,6 +19,10 @@ EXAMPLES = REPO / "examples"
 PD = EXAMPLES / "pd-disaggregated.yaml"
 # What Metacontroller's childResources `resource` names stand for.
 RESOURCE_KINDS = {child.resource: child.kind for child in CHILD_KINDS}
+# And the other way, with the parent's: the resource an audit event names for a kind.
+KIND_RESOURCES = {kind: resource for resource, kind in RESOURCE_KINDS.items()} | {
+    "InferaDeployment": "inferadeployments"
+}
 
 
 def load_yaml(path: Path) -> list[dict[str, Any]]:

@@ -137,6 +137,12 @@ class RunningServer:
     process: subprocess.Popen
     log: Path
 
+    def calls(self, hook: str) -> list[dict[str, Any]]:
+        """Every call of `hook` its log records, in order: the outcome, and the parent's namespace
+        and name (which a 304 leaves out: its request is not read)."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [call for line in lines if "hook call" in line and (call := json.loads(line)).get("hook") == hook]
+
     def workers(self) -> list[int]:
         """The gunicorn worker processes (the master's children)."""
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.bench.cluster_fleet import upstream
 from tests.bench.cluster_fleet.meter import audit_writes, histogram_quantile, hook_calls
-from tests.support.localcluster import METACONTROLLER_USER
+from tests.support.metacontroller import USER as METACONTROLLER_USER
 
 
 def test_histogram_quantile_interpolates_within_the_bucket_as_prometheus_does() -> None:

@@ -1,13 +1,13 @@
 """A fleet of InferaDeployments on the real control plane (not a test):
 
-    .venv/bin/python -m tests.bench.cluster_fleet --metacontroller PATH [--graphs 100 1000]
-        [--settings defaults recommended] [--flush 60]
+    .venv/bin/python -m tests.bench.cluster_fleet [--graphs 100 1000] [--settings defaults recommended]
+        [--flush 60]
 
 For each fleet size and each Metacontroller setting (its defaults, and what
 docs/operations.md recommends for that size), a fresh loopback cluster (kube-apiserver,
 controller-manager, scheduler, kwok nodes, the LeaderWorkerSet controller), the bundle installed
-with `kubectl apply -k`, `infera-hooks serve` and the Metacontroller binary at PATH (build it
-from the v4.17.2 tag of github.com/metacontroller/metacontroller: go build ./pkg/cmd/metacontroller).
+with `kubectl apply -k`, `infera-hooks serve` and Metacontroller v4.17.2, built from its source
+and installed from its own manifests as the cluster tier does (tests/support/metacontroller.py).
 The fleet's graphs take the PD, mixed, multi-node, GAIE and autoscaled examples' shapes in turn.
 
 Phases: create every graph at once (until each has a status at its generation); all Ready; steady
@@ -24,7 +24,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from tests.bench.cluster_fleet import fleet, phases, upstream
 from tests.bench.cluster_fleet.meter import Figures, latency_ms
@@ -95,7 +94,6 @@ def comparison_rows(graphs: int, steady: Figures) -> list[list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.cluster_fleet", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--metacontroller", type=Path, required=True, metavar="PATH")
     parser.add_argument("--graphs", type=int, nargs="+", default=[100, 1000])
     parser.add_argument(
         "--settings", nargs="+", choices=["defaults", "recommended"], default=["defaults", "recommended"]
@@ -117,7 +115,7 @@ def main() -> int:
             print(f"\n{graphs} graphs, Metacontroller {label} ({name})", flush=True)
             workdir = top / f"{graphs}-{name}"
             workdir.mkdir(parents=True)
-            figures = phases.run(workdir, arguments.metacontroller, graphs, settings, arguments.flush)
+            figures = phases.run(workdir, graphs, settings, arguments.flush)
             (workdir / "figures.json").write_text(json.dumps([vars(figure) for figure in figures], indent=1))
             print(table(phase_rows(graphs, figures)))
             print(writes_lines(figures))

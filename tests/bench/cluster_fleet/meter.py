@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.bench.throughput import percentile
-from tests.support.localcluster import METACONTROLLER_USER
+from tests.support.metacontroller import USER as METACONTROLLER_USER
 
 # The loopback control plane's processes, by executable name, whose CPU a phase reports.
 CONTROL_PLANE = (

@@ -13,7 +13,8 @@ import httpx
 from tests.bench.cluster_fleet import fleet
 from tests.bench.cluster_fleet.meter import Figures, Meter, tree_cpu_seconds
 from tests.support.cluster import Cluster, accepted_status
-from tests.support.localcluster import installed_hooks, running_metacontroller
+from tests.support.localcluster import installed_hooks
+from tests.support.metacontroller import running
 from tests.support.prerequisites import need_schemas
 
 IDEPS = "/apis/infera.amd.com/v1alpha1"
@@ -165,27 +166,27 @@ def ready(item: dict[str, Any]) -> bool:
 
 
 @contextmanager
-def _installed(workdir: Path, graphs: int) -> Iterator[tuple[Cluster, Any]]:
-    with installed_hooks(workdir, need_schemas()) as (cluster, hooks):
+def _installed(workdir: Path, graphs: int) -> Iterator[tuple[Cluster, Any, list[dict[str, Any]]]]:
+    with installed_hooks(workdir, need_schemas()) as (cluster, hooks, manifests):
         documents = [
             *({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in fleet.namespaces()),
             *fleet.nodes(graphs),
             *fleet.volumes(graphs),
         ]
         cluster.apply(*documents)
-        yield cluster, hooks
+        yield cluster, hooks, manifests
 
 
-def run(workdir: Path, binary: Path, graphs: int, settings: dict[str, int], flush_seconds: int) -> list[Figures]:
+def run(workdir: Path, graphs: int, settings: dict[str, int], flush_seconds: int) -> list[Figures]:
     """Every phase's figures for `graphs` graphs under Metacontroller with `settings`."""
     arguments = [f"--{flag}={value}" for flag, value in settings.items()]
     # Metacontroller resyncs every parent and child at this interval (its informers' resync).
     arguments.append(f"--cache-flush-interval={flush_seconds}s")
     figures = []
-    with _installed(workdir, graphs) as (cluster, hooks), ExitStack() as metacontroller:
+    with _installed(workdir, graphs) as (cluster, hooks, manifests), ExitStack() as metacontroller:
         bench = Run(cluster, hooks.log, hooks.process.pid, workdir, graphs)
         meter = bench.meter
-        process = metacontroller.enter_context(running_metacontroller(cluster, binary, workdir, arguments))
+        process = metacontroller.enter_context(running(cluster, manifests, workdir, arguments)).process
         time.sleep(5)  # its informers list and it registers the CompositeController
         steps: list[tuple[str, Callable[[], float | None]]] = [
             ("create", bench.create),
@@ -202,7 +203,7 @@ def run(workdir: Path, binary: Path, graphs: int, settings: dict[str, int], flus
             if step is None:
                 spent = tree_cpu_seconds(process.pid)
                 metacontroller.close()
-                process = metacontroller.enter_context(running_metacontroller(cluster, binary, workdir, arguments))
+                process = metacontroller.enter_context(running(cluster, manifests, workdir, arguments)).process
                 meter.restarted(process.pid, spent)
                 ended = bench.wait_quiet()
             else:
