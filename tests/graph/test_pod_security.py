@@ -13,10 +13,9 @@ import yaml
 
 from hooks import cli
 from tests.support.pod_security import RESTRICTED_CONTAINER, documented_levels, pod_templates, readme_levels, rendered
-from tests.support.prerequisites import REPO, need
+from tests.support.prerequisites import REPO, need_checkov
 from tests.support.requests import parent
 
-CHECKOV = REPO / ".cache" / "checkov" / "bin" / "checkov"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SECCOMP = {"seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED = RESTRICTED_CONTAINER
@@ -207,9 +206,8 @@ ROUTERS = ("-server", "-epp", "-frontend")
 def checkov(directory: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """checkov on the YAML files in `directory`: kind/name -> the ids of its failed checks, and
     of its passed ones."""
-    need(CHECKOV.is_file(), f"checkov is not installed at {CHECKOV} (.ci/run installs it from tests/checkov.txt)")
     scanned = subprocess.run(
-        [str(CHECKOV), "--directory", str(directory), "--framework", "kubernetes", "--output", "json"],
+        [str(need_checkov()), "--directory", str(directory), "--framework", "kubernetes", "--output", "json"],
         capture_output=True,
         text=True,
         timeout=900,

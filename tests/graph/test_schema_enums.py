@@ -13,7 +13,7 @@ import pytest
 from hooks.kubernetes_schema import path, problem
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, children_by_key, parent
-from tests.support.schemas import KUBERNETES_MODULE, openapi_enums
+from tests.support.schemas import openapi_enums
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
 
@@ -526,9 +526,3 @@ def test_the_generator_fails_naming_what_it_did_not_find(case: str) -> None:
     with pytest.raises(ValueError) as error:
         openapi_enums(source)
     assert str(error.value) == f"pkg/generated/openapi/zz_generated.openapi.go: {message}"
-
-
-def test_ci_downloads_the_go_module_before_the_tests() -> None:
-    lines = (REPO / ".ci" / "run").read_text().splitlines()
-    download = lines.index(f"go mod download {KUBERNETES_MODULE}")
-    assert download < next(number for number, line in enumerate(lines) if line.endswith("pytest"))

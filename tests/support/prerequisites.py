@@ -4,10 +4,13 @@ A missing prerequisite skips the test with a reason naming it and how to get it;
 INFERA_REQUIRE_ALL=1 (set by .ci/run) it fails instead, so CI cannot pass by skipping.
 """
 
+import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -79,14 +82,46 @@ def go_module_cache() -> Path:
 
 def go_module(module: str) -> Path:
     """The directory of `module` (path@version) in the cache, which spells an upper-case letter
-    as '!' and its lower case."""
-    return go_module_cache() / re.sub("[A-Z]", lambda letter: "!" + letter[0].lower(), module)
+    as '!' and its lower case; downloaded first through the module proxy if it is not there and
+    Go is."""
+    directory = go_module_cache() / re.sub("[A-Z]", lambda letter: "!" + letter[0].lower(), module)
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not directory.is_dir() and Path(go).is_file():
+        print(f"downloading the Go module {module}", file=sys.stderr, flush=True)
+        subprocess.run([go, "mod", "download", module], cwd=REPO, capture_output=True, timeout=1800)
+    return directory
 
 
 def need_go_module(module: str) -> Path:
     directory = go_module(module)
-    need(directory.is_dir(), f"the Go module {module} is not downloaded (go mod download {module})")
+    need(directory.is_dir(), f"the Go module {module} is not downloaded, and Go could not (go mod download {module})")
     return directory
+
+
+# The third-party scanner the pod security tests run, in a virtualenv of its own: its pins would
+# clash with the project's. Made once per machine from tests/checkov.txt, whose digest marks it.
+CHECKOV_VENV = REPO / ".cache" / "checkov"
+CHECKOV_PINS = REPO / "tests" / "checkov.txt"
+
+
+def need_checkov() -> Path:
+    """checkov, installed first into CHECKOV_VENV from its pins if it is not there yet."""
+    marker = CHECKOV_VENV / "installed-from"
+    pins = hashlib.sha256(CHECKOV_PINS.read_bytes()).hexdigest()
+    if not marker.is_file() or marker.read_text() != pins:
+        print(f"installing checkov into {CHECKOV_VENV}: about a minute", file=sys.stderr, flush=True)
+        shutil.rmtree(CHECKOV_VENV, ignore_errors=True)
+        made = subprocess.run(
+            f"{shlex.quote(sys.executable)} -m venv {shlex.quote(str(CHECKOV_VENV))} && "
+            f"{shlex.quote(str(CHECKOV_VENV / 'bin' / 'pip'))} install -q -r {shlex.quote(str(CHECKOV_PINS))}",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        need(made.returncode == 0, f"checkov could not be installed from {CHECKOV_PINS}: {made.stderr[-2000:]}")
+        marker.write_text(pins)
+    return CHECKOV_VENV / "bin" / "checkov"
 
 
 def need_kubectl() -> str:

@@ -320,7 +320,7 @@ def kubernetes_enums() -> dict[str, dict[Location, list[str]]]:
     """openapi_enums of KUBERNETES_MODULE, read from the Go module cache."""
     source = go_module(KUBERNETES_MODULE) / OPENAPI_DEFINITIONS
     if not source.is_file():
-        raise FileNotFoundError(f"{source}: download the Go module first: go mod download {KUBERNETES_MODULE}")
+        raise FileNotFoundError(f"{source}: the Go module {KUBERNETES_MODULE} is not downloaded, and Go could not")
     return openapi_enums(source.read_text())
 
 
