@@ -35,6 +35,8 @@ GRACEFUL_TIMEOUT_SECONDS = 20
 # what misbehaving clients can hold: all of them waiting on a chunk of their bodies still
 # leave room for a body of SMALL_BODY_BYTES.
 WORKER_CONNECTIONS = 100
+# What a connection's unread body is read in, to be dropped before the connection closes.
+DRAIN_CHUNK_BYTES = 64 * 1024
 # The signals a gunicorn worker exits on. From its fork until it has installed its own handlers,
 # a worker runs the master's, which only queue a signal for the master's loop (a loop the worker
 # never runs): a SIGTERM then would be lost, and the worker would serve on, to be killed only
@@ -172,7 +174,24 @@ def serve(options: ServeOptions) -> None:
             # (Metacontroller's) keeps idle connections for 90 s, and its partly written POST fails
             # with a broken pipe and is not retried. Closed after each answer, none is left idle.
             req.must_close = True
-            super().handle_request(listener_name, req, sock, addr)
+            try:
+                super().handle_request(listener_name, req, sock, addr)
+            finally:
+                self.drain(req)
+
+        def drain(self, req: Any) -> None:
+            # What the answer left unread of the body (a 413 answers before it arrives) is read
+            # and dropped, within the keep-alive timeout: a socket closed on unread data resets
+            # the connection, and the client may lose the answer.
+            import gevent
+            from gunicorn.http.errors import ParseException
+
+            with gevent.Timeout(self.cfg.keepalive, False):
+                try:
+                    while req.body.read(DRAIN_CHUNK_BYTES):
+                        pass
+                except (OSError, ParseException):
+                    pass  # the client is gone or its body is malformed: nothing to save
 
         def handle(self, listener: Any, client: Any, addr: Any) -> None:
             client.settimeout(options.client_timeout)
