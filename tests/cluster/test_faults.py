@@ -30,7 +30,15 @@ from tests.cluster.test_blue_green import (
     watched,
     writes_to,
 )
-from tests.cluster.test_graphs import children, columns, eventually, get, metacontroller_writes, set_hook_urls
+from tests.cluster.test_graphs import (
+    children,
+    columns,
+    eventually,
+    get,
+    metacontroller_writes,
+    set_hook_urls,
+    synced,
+)
 from tests.support.cluster import Cluster
 from tests.support.localcluster import Installed
 from tests.support.metacontroller import USER as METACONTROLLER_USER
@@ -175,7 +183,10 @@ def test_hooks_that_answer_500_or_too_late_keep_every_child_and_are_called_again
     children, says why in a Warning event on the graph, and calls again; once the hooks answer,
     the graph is Ready with the children it had."""
     cluster, metacontroller = installed.cluster, installed.metacontroller
-    parent = ready_pd_graph(installed, namespace)
+    ready_pd_graph(installed, namespace)
+    # Ready is one sync's answer; the baseline is the graph once its syncs write nothing more.
+    synced(installed, 2)
+    parent = get(cluster, "-n", namespace, "idep", PD_NAME)
     before = versions(cluster, namespace, parent["metadata"]["uid"])
     since = len(cluster.audit_writes(METACONTROLLER_USER))
     with metacontroller.erring(), hooks_that_fail(how) as (url, calls):
