@@ -27,7 +27,7 @@ import yaml
 
 from hooks import teardown
 from hooks.api.status import State
-from hooks.contract import parse_request
+from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request
 from hooks.vocabulary import CHILD_KINDS
 from tests.support import kubelet
 from tests.support.cluster import NODE_NAMES, Cluster, accepted_status, graph_namespace, versions_of
@@ -41,7 +41,7 @@ from tests.support.metrics_api import running_metrics_api
 from tests.support.prerequisites import REPO, SHARED, need_runtime
 from tests.support.requests import KIND_RESOURCES, RESOURCE_KINDS, controller, load_yaml, request_body
 from tests.support.service import HookClient
-from tests.support.simulator import LAST_APPLIED, Metacontroller
+from tests.support.simulator import Metacontroller
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 GPU = ("amd.com/gpu", "nvidia.com/gpu")
@@ -795,7 +795,10 @@ def test_an_autoscaler_owns_replicas_and_nothing_fights_it(installed: Installed,
     changes = []
     for before, after in zip(seen, seen[1:], strict=False):
         spec = jsonpatch.make_patch(before["spec"], after["spec"]).patch
-        recorded = [json.loads(v["metadata"]["annotations"][LAST_APPLIED])["spec"]["replicas"] for v in (before, after)]
+        recorded = [
+            json.loads(v["metadata"]["annotations"][LAST_APPLIED_ANNOTATION])["spec"]["replicas"]
+            for v in (before, after)
+        ]
         if spec or recorded[0] != recorded[1]:
             changes.append((spec, recorded[1]))
     assert changes == [([{"op": "replace", "path": "/replicas", "value": 5}], 2), ([], 5)], changes

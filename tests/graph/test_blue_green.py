@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.vocabulary import COMPONENT_LABEL, GENERATION_LABEL
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, controller, controller_for, load_yaml
-from tests.support.simulator import LAST_APPLIED, Metacontroller
+from tests.support.simulator import Metacontroller
 from tests.support.specs import idep, valid_specs
 
 GAIE_PD = REPO / "examples" / "gaie-pd.yaml"
@@ -424,11 +425,13 @@ def test_the_generation_label_is_the_hooks_alone(hooks) -> None:
 def test_last_applied_of_the_serving_generation_never_changes_during_a_rollout(hooks) -> None:
     mc = serving(Metacontroller(hooks, blue_green(PD)))
     old = mc.parent["status"]["rollout"]["servingGeneration"]
-    records = {key: mc.children[key]["metadata"]["annotations"][LAST_APPLIED] for key in generation_names(mc, old)}
+    records = {
+        key: mc.children[key]["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] for key in generation_names(mc, old)
+    }
     mc.edit(new_image)
     for _ in range(3):
         checked_sync(mc)
-    assert {key: mc.children[key]["metadata"]["annotations"][LAST_APPLIED] for key in records} == records
+    assert {key: mc.children[key]["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] for key in records} == records
 
 
 def _with_server(spec: dict[str, Any]) -> bool:

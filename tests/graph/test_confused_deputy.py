@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from hooks.contract import LAST_APPLIED_ANNOTATION
 from tests.support.requests import EXAMPLES, PD, load_yaml, parent, upstream_corpus
 from tests.support.service import HookClient
-from tests.support.simulator import LAST_APPLIED, Metacontroller
+from tests.support.simulator import Metacontroller
 
 Change = Callable[[dict[str, Any]], None]
 NAMESPACE = "ml"
@@ -75,7 +76,7 @@ HELD = {
         "metadata.labels.controller-uid is set by Metacontroller (its generated selector)",
     ),
     "last-applied record": (
-        {"op": "add", "path": "/metadata/annotations", "value": {LAST_APPLIED: "{}"}},
+        {"op": "add", "path": "/metadata/annotations", "value": {LAST_APPLIED_ANNOTATION: "{}"}},
         "metadata.annotations.metacontroller.k8s.io/last-applied-configuration is set by Metacontroller (its "
         "record of what it applied)",
     ),
@@ -360,7 +361,7 @@ def test_a_broker_without_storage_is_refused(converged: Metacontroller, size: st
 
 
 # What Metacontroller adds to each child before recording it, and the annotation's key.
-RECORD_OVERHEAD = len(f',"namespace":"{NAMESPACE}"') + len(f',"controller-uid":"{UID}"') + len(LAST_APPLIED)
+RECORD_OVERHEAD = len(f',"namespace":"{NAMESPACE}"') + len(f',"controller-uid":"{UID}"') + len(LAST_APPLIED_ANNOTATION)
 RECORD = re.compile(
     r"Deployment qwen-pd-decode is ([\d,]+) bytes as JSON: Metacontroller records all of it in the annotation "
     r"metacontroller\.k8s\.io/last-applied-configuration, and with the child's other annotations that makes "
@@ -402,7 +403,9 @@ def test_a_child_just_inside_the_record_bound_is_applied(hooks: HookClient) -> N
     mc = Metacontroller(hooks, obj)
     mc.converge()
     assert mc.parent["status"]["state"] != "failed"
-    assert len(mc.children[("Deployment", "qwen-pd-decode")]["metadata"]["annotations"][LAST_APPLIED]) > 250_000
+    assert (
+        len(mc.children[("Deployment", "qwen-pd-decode")]["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]) > 250_000
+    )
 
 
 def test_no_example_comes_near_the_record_bound(hooks: HookClient) -> None:

@@ -4,8 +4,9 @@ but every workload selector carries its managed-by label, which cannot change in
 import copy
 from typing import Any
 
+from hooks.contract import LAST_APPLIED_ANNOTATION
 from tests.support.requests import PD
-from tests.support.simulator import LAST_APPLIED, Metacontroller
+from tests.support.simulator import Metacontroller
 
 UPSTREAM = {"app.kubernetes.io/managed-by": "infera-operator"}
 
@@ -15,7 +16,7 @@ def as_upstream_made(child: dict[str, Any]) -> dict[str, Any]:
     made = copy.deepcopy(child)
     del made["metadata"]["labels"]["controller-uid"]
     made["metadata"]["labels"] |= UPSTREAM
-    made["metadata"].get("annotations", {}).pop(LAST_APPLIED, None)
+    made["metadata"].get("annotations", {}).pop(LAST_APPLIED_ANNOTATION, None)
     if child["kind"] in ("Deployment", "StatefulSet"):
         made["spec"]["selector"]["matchLabels"] |= UPSTREAM
         made["spec"]["template"]["metadata"]["labels"] |= UPSTREAM

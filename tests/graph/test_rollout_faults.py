@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.generations import TEMPLATES_ANNOTATION
 from hooks.vocabulary import GENERATION_LABEL
 from tests.graph.test_blue_green import GAIE_PD, blue_green, checked_sync, generation_names, only_ready, serving
+from tests.support.apply import record
 from tests.support.requests import PD
-from tests.support.simulator import LAST_APPLIED, Metacontroller
+from tests.support.simulator import Metacontroller
 
 SERVER_SERVICE = ("Service", "qwen-pd-server")
 
@@ -130,7 +132,7 @@ def test_with_every_witness_lost_and_nothing_ready_nothing_is_deleted(hooks) -> 
 
 
 def recorded_body(child: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(child["metadata"]["annotations"][LAST_APPLIED])
+    return json.loads(child["metadata"]["annotations"][LAST_APPLIED_ANNOTATION])
 
 
 def test_a_serving_workload_the_spec_still_renders_is_recreated_as_it_was(hooks) -> None:
@@ -188,9 +190,9 @@ def test_a_generation_without_a_record_is_not_guessed(hooks) -> None:
     for key in generation_names(mc, old):
         annotations = mc.children[key]["metadata"].get("annotations", {})
         if annotations.pop(TEMPLATES_ANNOTATION, None) is not None:
-            applied = json.loads(annotations[LAST_APPLIED])
+            applied = json.loads(annotations[LAST_APPLIED_ANNOTATION])
             del applied["metadata"]["annotations"][TEMPLATES_ANNOTATION]
-            annotations[LAST_APPLIED] = json.dumps(applied, sort_keys=True)
+            record(mc.children[key], applied)
     key = ("Deployment", f"qwen-pd-prefill-{old}")
     mc.delete(*key)
     assert mc.child_writes(mc.sync()) == []

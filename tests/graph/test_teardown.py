@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from hooks import teardown
-from hooks.contract import parse_request
+from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request
+from tests.support.apply import record
 from tests.support.prerequisites import REPO, need_schemas
 from tests.support.requests import controller, parent, request_body
-from tests.support.simulator import LAST_APPLIED, Metacontroller
+from tests.support.simulator import Metacontroller
 
 TIME = "%Y-%m-%dT%H:%M:%SZ"
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "inference-gateway"}
@@ -411,9 +412,9 @@ def test_pools_go_by_their_component_type_not_their_template_labels(hooks) -> No
     mc = full_graph(hooks)
     prefill = mc.children[("Deployment", "qwen-pd-prefill")]
     prefill["spec"]["template"]["metadata"]["labels"]["infera.amd.com/component"] = "server"
-    applied = json.loads(prefill["metadata"]["annotations"][LAST_APPLIED])
+    applied = json.loads(prefill["metadata"]["annotations"][LAST_APPLIED_ANNOTATION])
     applied["spec"]["template"]["metadata"]["labels"]["infera.amd.com/component"] = "server"
-    prefill["metadata"]["annotations"][LAST_APPLIED] = json.dumps(applied, sort_keys=True)
+    record(prefill, applied)
     for name, pod in mc.pods.items():
         if name.startswith("qwen-pd-prefill-"):
             pod["metadata"]["labels"]["infera.amd.com/component"] = "server"

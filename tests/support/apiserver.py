@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from hooks.quantity import canonical_quantity
+from tests.support.apply import as_stored, go_equal
 from tests.support.prerequisites import SCHEMAS
 
 PROBE_DEFAULTS = {"timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3}
@@ -149,8 +150,9 @@ HPA_RULE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def store(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object as the API server would return it after a create or update."""
-    obj = copy.deepcopy(obj)
+    """The object as the API server would return it after a create or update (its numbers as
+    Go writes them: a whole float reads back an integer)."""
+    obj = as_stored(obj)
     kind, spec = obj["kind"], obj.get("spec")
     crd_schema = _crd_schemas().get((obj["apiVersion"], kind))
     if crd_schema is not None:
@@ -217,48 +219,10 @@ def store(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def merge(observed: Any, last_applied: Any, desired: Any) -> Any:
-    """Metacontroller's client-side 3-way merge (pkg/dynamic/apply), written from its rules:
-    fields dropped since last-applied are removed, desired fields are set, objects merge key by
-    key, lists of objects sharing a conventional key merge item by item, other lists and
-    scalars are replaced by the desired value."""
-    if isinstance(observed, dict) and (isinstance(desired, dict) or desired is None):
-        return _merge_object(dict(observed), last_applied or {}, desired or {})
-    if isinstance(observed, list) and (isinstance(desired, list) or desired is None):
-        key = _list_map_key(observed, last_applied or [], desired or [])
-        if key:
-            return _merge_list_map(key, observed, last_applied or [], desired or [])
-    return desired
-
-
-def _merge_object(observed: dict, last_applied: dict, desired: dict) -> dict:
-    for key in last_applied:
-        if key not in desired:
-            observed.pop(key, None)
-    for key, value in desired.items():
-        observed[key] = merge(observed.get(key), last_applied.get(key), value)
-    return observed
-
-
-MERGE_KEYS = ("containerPort", "port", "mountPath", "name", "uid", "ip", "path")
-
-
-def _list_map_key(*lists: list) -> str | None:
-    common: set[str] | None = None
-    for item in (item for items in lists for item in items):
-        if not isinstance(item, dict):
-            return None
-        common = set(item) if common is None else common & set(item)
-    return next((key for key in MERGE_KEYS if common and key in common), None)
-
-
-def _merge_list_map(key: str, observed: list, last_applied: list, desired: list) -> list:
-    by_key = lambda items: {str(item[key]): item for item in items}  # noqa: E731
-    merged = _merge_object(by_key(observed), by_key(last_applied), by_key(desired))
-    result, added = [], set()
-    for item in observed + desired:  # observed order first, then new desired items
-        item_key = str(item[key])
-        if item_key in merged and item_key not in added:
-            result.append(merged[item_key])
-            added.add(item_key)
-    return result
+def generation_after_update(old: dict[str, Any], new: dict[str, Any]) -> int:
+    """metadata.generation once `new` replaced `old`: a spec change bumps it, and a Deployment's
+    annotations too (they are copied to its ReplicaSets: the registry's PrepareForUpdate)."""
+    changed = not go_equal(old.get("spec"), new.get("spec"))
+    if old["kind"] == "Deployment":
+        changed = changed or not go_equal(old["metadata"].get("annotations"), new["metadata"].get("annotations"))
+    return int(old["metadata"]["generation"]) + changed

@@ -2,10 +2,11 @@
 
 It creates desired children (adding uid, resourceVersion, ownerReference, the controller-uid
 label and the last-applied annotation), stores them through a simulated API server that
-defaults and canonicalises them (tests/apiserver.py), updates a child only when the 3-way merge
-of observed, last-applied and desired differs from what is stored, deletes children the answer
-leaves out, writes the parent status only when it changed, and records every write so tests
-can count them.
+defaults and canonicalises them (tests/support/apiserver.py), updates a child only when the
+3-way merge of observed, last-applied and desired differs from what is stored and as its kind's
+updateStrategy says, deletes children the answer leaves out, writes the parent status only when
+it changed, and records every write so tests can count them. The rules of each apply are
+tests/support/apply.py's; tests/cluster/test_differential.py holds them to the real program.
 """
 
 import copy
@@ -16,11 +17,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hooks.contract import CONTROLLER_UID_LABEL
 from tests.support import apiserver
-from tests.support.requests import RESOURCE_KINDS, controller_for, parent, request_body
+from tests.support.apply import as_stored, go_equal, record, stamped, update_for, update_method, updated
+from tests.support.requests import KIND_RESOURCES, RESOURCE_KINDS, controller_for, parent, request_body
 from tests.support.service import HookClient
-
-LAST_APPLIED = "metacontroller.k8s.io/last-applied-configuration"
 
 Write = tuple[str, str, str]  # (create | update | delete | status, kind, name)
 
@@ -103,7 +104,7 @@ class Metacontroller:
         orphan is adopted then, and ignored during deletion); it never shows the others to
         the hook."""
         owner = next((ref for ref in child["metadata"].get("ownerReferences") or [] if ref.get("controller")), None)
-        matches = (child["metadata"].get("labels") or {}).get("controller-uid") == self.uid
+        matches = (child["metadata"].get("labels") or {}).get(CONTROLLER_UID_LABEL) == self.uid
         return matches and (owner.get("uid") == self.uid if owner else not self.deleting)
 
     def _claim(self) -> None:
@@ -112,7 +113,7 @@ class Metacontroller:
         for key, child in self.children.items():
             metadata = child["metadata"]
             owner = next((ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")), None)
-            matches = (metadata.get("labels") or {}).get("controller-uid") == self.uid
+            matches = (metadata.get("labels") or {}).get(CONTROLLER_UID_LABEL) == self.uid
             if owner and owner.get("uid") == self.uid and not matches:
                 metadata["ownerReferences"] = [ref for ref in metadata["ownerReferences"] if ref is not owner]
                 self.writes.append(("release", *key))
@@ -237,7 +238,9 @@ class Metacontroller:
         with the controller-uid label, the controller reference and the last-applied record of
         that answer."""
         for child in children:
-            self.children[(child["kind"], child["metadata"]["name"])] = self._created(self._stamp(child))
+            self.children[(child["kind"], child["metadata"]["name"])] = self._created(
+                stamped(child, self.namespace, self.uid)
+            )
 
     def customize(self) -> dict[str, Any]:
         return self.client.hook_raw("/customize", {"controller": self.composite, "parent": self.parent})
@@ -328,7 +331,7 @@ class Metacontroller:
             "metadata": {"name": name, "namespace": self.namespace},
         }
         metadata = child["metadata"]
-        metadata["labels"] = {**(metadata.get("labels") or {}), "controller-uid": owner_uid}
+        metadata["labels"] = {**(metadata.get("labels") or {}), CONTROLLER_UID_LABEL: owner_uid}
         metadata["ownerReferences"] = [
             {"kind": "InferaDeployment", "name": "other", "uid": owner_uid, "controller": True}
         ]
@@ -352,45 +355,42 @@ class Metacontroller:
             if kind in ("InferencePool", "HTTPRoute"):
                 self.set_status(kind, name, gateway_status(accepted))
 
-    def _stamp(self, desired: dict[str, Any]) -> dict[str, Any]:
-        """What Metacontroller applies: the namespace and the generated selector's label added."""
-        stamped = copy.deepcopy(desired)
-        stamped["metadata"].setdefault("namespace", self.namespace)
-        stamped["metadata"].setdefault("labels", {})["controller-uid"] = self.uid
-        return stamped
-
     def _apply(self, desired_children: list[dict[str, Any]]) -> None:
+        # Every child is stamped before any is written: a label that does not match the
+        # parent's selector fails the whole sync (apply.SyncFailed), status included.
+        applied = [stamped(desired, self.namespace, self.uid) for desired in desired_children]
         desired_keys = set()
-        for desired in desired_children:
+        for desired in applied:
             key = (desired["kind"], desired["metadata"]["name"])
             assert key not in desired_keys, f"duplicate child {key}"
             assert (desired["kind"], desired["apiVersion"]) in self.registered, (
                 f"{key} is not a registered child kind: Metacontroller would fail the whole sync"
             )
             desired_keys.add(key)
-            stamped = self._stamp(desired)
             existing = self.children.get(key)
             if existing is None and key in self.refused:
                 self.refusals.append(key)  # Metacontroller logs the error; the status is still written
                 continue
             if existing is None:
-                self.children[key] = self._created(stamped)
+                self.children[key] = self._created(desired)
                 self.writes.append(("create", *key))
                 continue
             if not self.claimed(existing):
                 continue  # the create fails with AlreadyExists, which Metacontroller swallows
-            # A child adopted from another controller has no record: the merge keeps what it has.
-            last_applied = json.loads((existing["metadata"].get("annotations") or {}).get(LAST_APPLIED, "{}"))
-            merged = apiserver.merge(copy.deepcopy(existing), last_applied, stamped)
-            merged["metadata"].setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
             # Metacontroller sends an update whenever the merge differs from what is stored,
             # even if the API server would then normalise it back: that is churn too.
-            if merged != existing:
+            merged = updated(existing, desired)
+            if go_equal(merged, existing) or "deletionTimestamp" in existing["metadata"]:
+                continue
+            update = update_for(update_method(self.composite, (desired["apiVersion"], KIND_RESOURCES[key[0]])))
+            if update == "recreate":  # deleted now, created again by the next sync
+                self.children.pop(key)
+                self.writes.append(("delete", *key))
+            elif update == "update":
                 apiserver.check_update(existing, merged)
                 stored = apiserver.store(merged)
                 stored["metadata"]["resourceVersion"] = str(next(self._versions))
-                if stored.get("spec") != existing.get("spec"):
-                    stored["metadata"]["generation"] = existing["metadata"]["generation"] + 1
+                stored["metadata"]["generation"] = apiserver.generation_after_update(existing, stored)
                 self.children[key] = stored
                 self.writes.append(("update", *key))
         for key in sorted(key for key in set(self.children) - desired_keys if self.claimed(self.children[key])):
@@ -398,19 +398,20 @@ class Metacontroller:
             self.writes.append(("delete", *key))
         self._delete_orphaned_pods()
 
-    def _created(self, stamped: dict[str, Any]) -> dict[str, Any]:
-        stored = apiserver.store(stamped)
+    def _created(self, desired: dict[str, Any]) -> dict[str, Any]:
+        stored = apiserver.store(desired)
+        record(stored, desired)
         metadata = stored["metadata"]
-        metadata.setdefault("annotations", {})[LAST_APPLIED] = json.dumps(stamped, sort_keys=True)
         metadata.update(uid=f"child-{next(self._uids)}", resourceVersion=str(next(self._versions)), generation=1)
         metadata["ownerReferences"] = [self._owner_reference()]
         return stored
 
     def _write_status(self, status: dict[str, Any]) -> None:
-        # Metacontroller sets observedGeneration itself and skips a write that changes nothing.
+        # Metacontroller sets observedGeneration itself and skips a write that changes nothing,
+        # by Go's equality of the stored status and the answer's.
         new = {**status, "observedGeneration": self.parent["metadata"]["generation"]}
-        if new != self.parent["status"]:
-            self.parent["status"] = new
+        if not go_equal(new, self.parent["status"]):
+            self.parent["status"] = as_stored(new)
             self.writes.append(("status", self.parent["kind"], self.parent["metadata"]["name"]))
 
     def child_writes(self, writes: list[Write]) -> list[Write]:
