@@ -35,8 +35,10 @@ def workload_name(mc: Metacontroller, service: str) -> str:
 def test_first_sync_creates_everything_then_quiet(hooks, path: Path) -> None:
     mc = Metacontroller(hooks, path)
     writes = mc.sync()
-    created = [w for w in writes if w[0] == "create"]
-    assert len(created) == len(mc.children) == len(writes) - 1  # every child once, plus the status
+    name = mc.parent["metadata"]["name"]
+    # Metacontroller's finalizer on the parent first, then every child once, then the status.
+    assert writes[0] == ("finalizer", "InferaDeployment", name) and writes[-1] == ("status", "InferaDeployment", name)
+    assert sorted(writes[1:-1]) == sorted(("create", *key) for key in mc.children)
     assert mc.sync() == [("status", "InferaDeployment", mc.parent["metadata"]["name"])]  # initializing -> pending
     assert mc.sync() == []
 

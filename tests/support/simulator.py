@@ -258,6 +258,7 @@ class Metacontroller:
         if answer.get("finalized"):
             # The finalizer goes at once; the children of this answer are not applied.
             self.finalized = True
+            self.parent["metadata"]["finalizers"].remove(self.finalizer)
             self.writes.append(("finalized", self.parent["kind"], self.parent["metadata"]["name"]))
             return self.writes[start:]
         listed = {(c["kind"], c["metadata"]["name"]) for c in answer["children"]}
@@ -266,9 +267,21 @@ class Metacontroller:
         self._write_status(answer["status"])
         return self.writes[start:]
 
+    @property
+    def finalizer(self) -> str | None:
+        """The finalizer Metacontroller keeps on the parent while its controller has a finalize hook."""
+        if "finalize" not in self.composite["spec"].get("hooks", {}):
+            return None
+        return f"metacontroller.io/compositecontroller-{self.composite['metadata']['name']}"
+
     def sync(self) -> list[Write]:
         """One sync call; returns the writes it caused."""
         start = len(self.writes)
+        finalizers = self.parent["metadata"].setdefault("finalizers", [])
+        if self.finalizer and self.finalizer not in finalizers:
+            # Before anything else, so that teardown runs whatever the sync goes on to create.
+            finalizers.append(self.finalizer)
+            self.writes.append(("finalizer", self.parent["kind"], self.parent["metadata"]["name"]))
         self._claim()
         answer = self.client.hook("/sync", self.body())
         self.last_answer = answer
@@ -415,7 +428,8 @@ class Metacontroller:
             self.writes.append(("status", self.parent["kind"], self.parent["metadata"]["name"]))
 
     def child_writes(self, writes: list[Write]) -> list[Write]:
-        return [write for write in writes if write[0] != "status"]
+        """The writes to children: not the parent's status nor its finalizer."""
+        return [write for write in writes if write[0] not in ("status", "finalizer")]
 
     def refusal(self, change: Callable[[dict[str, Any]], None]) -> str:
         """The failed message a copy of this (converged) graph gets for the spec edit `change`;
