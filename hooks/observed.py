@@ -68,6 +68,13 @@ def service_of(child: dict[str, Any]) -> str | None:
 MAX_QUOTED_MESSAGE = 200
 
 
+def quoted(text: str) -> str:
+    """Another controller's words as one line of at most MAX_QUOTED_MESSAGE characters, ending
+    in an ellipsis where they were cut (so a cut is not read as what it said)."""
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_QUOTED_MESSAGE else line[: MAX_QUOTED_MESSAGE - 1] + "…"
+
+
 # Names a message lists before it counts the rest.
 LISTED = 5
 
@@ -210,7 +217,7 @@ def model_download(idep: InferaDeployment, observed: Observed) -> Download | Non
         return Download("Ready", job, "", mounted)
     failed = _job_condition(job, "Failed")
     if failed:
-        reason = " ".join(f"{failed.get('reason')}: {failed.get('message')}".split())[:MAX_QUOTED_MESSAGE]
+        reason = quoted(f"{failed.get('reason')}: {failed.get('message')}")
         return Download("Failed", job, reason, mounted)
     return Download("Downloading", job, "", mounted)
 

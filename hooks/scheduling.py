@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hooks.contract import field_at
-from hooks.observed import MAX_QUOTED_MESSAGE
+from hooks.observed import quoted
 from hooks.vocabulary import GENERATION_LABEL, SERVICE_LABEL
 
 # PodScheduled=False reasons that mean the pod waits for room (or for a gate a queue controller
@@ -42,8 +42,7 @@ def _waiting_reason(pod: dict[str, Any]) -> str | None:
             and condition.get("reason") in WAITING_REASONS
         ):
             # One line, however the scheduler wrapped it, and short: it may list every node.
-            text = " ".join(str(condition.get("message") or condition["reason"]).split())
-            return text[:MAX_QUOTED_MESSAGE]
+            return quoted(str(condition.get("message") or condition["reason"]))
     return None
 
 

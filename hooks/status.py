@@ -24,7 +24,6 @@ from hooks.api.status import (
 from hooks.contract import field_at
 from hooks.generations import RolloutRead, rollout_status
 from hooks.observed import (
-    MAX_QUOTED_MESSAGE,
     Download,
     Observed,
     as_int,
@@ -34,6 +33,7 @@ from hooks.observed import (
     model_download,
     observed_autoscaler,
     observed_workload,
+    quoted,
 )
 from hooks.scheduling import Unscheduled
 from hooks.vocabulary import (
@@ -149,9 +149,7 @@ def _autoscaler_trouble(idep: InferaDeployment, by_key: Observed) -> list[str]:
             if not isinstance(condition, dict) or condition.get("status") != "False":
                 continue
             if condition.get("type") in AUTOSCALER_CONDITIONS:
-                # One line, however the autoscaler wrote it.
-                detail = " ".join(f"{condition.get('reason')}: {condition.get('message')}".split())
-                detail = detail[:MAX_QUOTED_MESSAGE]
+                detail = quoted(f"{condition.get('reason')}: {condition.get('message')}")
                 trouble.append(f"{service} autoscaler: {condition['type']} is False ({detail})")
     return trouble
 

@@ -152,7 +152,8 @@ def test_many_unscheduled_pods_are_counted_and_the_first_quoted_in_one_line(hook
         unschedulable(pod, f"0/{index}  nodes\n are available: " + "x" * 500)
     mc.sync()
     (line,) = [part for part in mc.parent["status"]["message"].split("; ") if "unschedulable" in part]
-    assert line == "decode: 3 pods unschedulable: " + ("0/0 nodes are available: " + "x" * 500)[:200]
+    # Cut where it is too long, and said to be: the ellipsis is the 200th character.
+    assert line == "decode: 3 pods unschedulable: " + ("0/0 nodes are available: " + "x" * 500)[:199] + "…"
 
 
 def test_the_incoming_generations_unscheduled_pods_are_the_rollouts_business(hooks) -> None:

@@ -345,3 +345,15 @@ def test_every_observed_field_the_roll_up_reads_is_in_the_status_memos_key(idep:
             else:
                 del container[field]
     assert missed == []
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("FailedGetResourceMetric:  the  metrics\nAPI is down", "FailedGetResourceMetric: the metrics API is down"),
+        ("x" * 200, "x" * 200),
+        ("y" * 201, "y" * 199 + "…"),
+    ],
+)
+def test_another_controllers_words_are_quoted_on_one_line_and_a_cut_says_so(text: str, shown: str) -> None:
+    assert observed_state.quoted(text) == shown
