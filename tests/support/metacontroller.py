@@ -77,6 +77,9 @@ def production_arguments(manifests: list[dict[str, Any]]) -> list[str]:
 class Running:
     process: subprocess.Popen[bytes]
     log: Path
+    # Its command line and its readiness probe's URL, which `restart` runs and waits on again.
+    command: list[str]
+    ready_url: str
     # Byte ranges of its log whose errors a test caused on purpose (see `erring`).
     expected: list[tuple[int, int]] = field(default_factory=list)
 
@@ -97,6 +100,17 @@ class Running:
             yield
         finally:
             self.expected.append((start, self.log.stat().st_size))
+
+    def restart(self) -> int:
+        """Stops it as the kubelet stops its pod's container (SIGTERM; SIGKILL 30 s later) and
+        starts it again with the same command line, identity and ports, on the same log, so
+        `errors` covers both processes (a restart of the pod would start it so, with nothing but
+        what the cluster holds). The stopped process's exit status, once the new one is ready."""
+        stop_process(self.process)
+        stopped = self.process.returncode
+        self.process = _start(self.command, self.log)
+        wait_ready(self.process, self.ready_url, self.log)
+        return stopped
 
 
 def install(cluster: Cluster) -> list[dict[str, Any]]:
@@ -120,23 +134,24 @@ def running(
         workdir / "metacontroller-kubeconfig", "metacontroller", "metacontroller", hours=IDENTITY_HOURS
     )
     metrics, health = free_port(), free_port()
+    command = [
+        str(binary()),
+        *production_arguments(manifests),
+        f"--kubeconfig={kubeconfig}",
+        f"--metrics-address=127.0.0.1:{metrics}",
+        f"--health-probe-bind-address=127.0.0.1:{health}",
+        *arguments,
+    ]
     log_path = workdir / "metacontroller.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [
-                str(binary()),
-                *production_arguments(manifests),
-                f"--kubeconfig={kubeconfig}",
-                f"--metrics-address=127.0.0.1:{metrics}",
-                f"--health-probe-bind-address=127.0.0.1:{health}",
-                *arguments,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    controller = Running(_start(command, log_path), log_path, command, f"http://127.0.0.1:{health}/readyz")
     try:
-        wait_ready(process, f"http://127.0.0.1:{health}/readyz", log_path)
-        yield Running(process, log_path)
+        wait_ready(controller.process, controller.ready_url, log_path)
+        yield controller
     finally:
-        stop_process(process)
+        stop_process(controller.process)  # the one running now, after any restart
+
+
+def _start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The program, its output appended to `log_path`."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
