@@ -36,8 +36,8 @@ from tests.cluster.test_graphs import (
     eventually,
     get,
     metacontroller_writes,
+    quiet,
     set_hook_urls,
-    synced,
 )
 from tests.support.cluster import Cluster
 from tests.support.localcluster import Installed
@@ -185,7 +185,7 @@ def test_hooks_that_answer_500_or_too_late_keep_every_child_and_are_called_again
     cluster, metacontroller = installed.cluster, installed.metacontroller
     ready_pd_graph(installed, namespace)
     # Ready is one sync's answer; the baseline is the graph once its syncs write nothing more.
-    synced(installed, 2)
+    eventually(lambda: quiet(installed, namespace), "the graph's syncs to write nothing", 180)
     parent = get(cluster, "-n", namespace, "idep", PD_NAME)
     before = versions(cluster, namespace, parent["metadata"]["uid"])
     since = len(cluster.audit_writes(METACONTROLLER_USER))

@@ -203,11 +203,6 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
             nodes = [pod["spec"]["nodeName"] for pod in get(cluster, "-n", namespace, "pods", "-l", selector)["items"]]
             assert len(set(nodes)) == len(nodes) == deployment["spec"]["replicas"] > 1, (deployment, nodes)
 
-    # The simulator, through the same example, ends with the same children and status.
-    simulated = simulated_ready(installed.hooks_url, {**parent, "status": {}})
-    assert set(simulated.children) == {(c["kind"], c["metadata"]["name"]) for c in owned}
-    assert comparable(parent["status"]) == comparable(simulated.parent["status"])
-
     # An autoscaler reports on its first evaluation, up to 15 s after it was created, and the
     # graph's status quotes what keeps it from scaling: a change in the world, which the steady
     # state comes after.
@@ -249,6 +244,16 @@ def synced(installed: Installed, more: int) -> list[dict[str, Any]]:
         timeout=more * RESYNC_SECONDS + 60,
     )
     return installed.hooks.calls("sync")[start:]
+
+
+def quiet(installed: Installed, *namespaces: str) -> bool:
+    """Whether Metacontroller's next two syncs of every graph write nothing in `namespaces`: a
+    graph's status still moves after it is Ready (the HPA controller's first look at an
+    autoscaler, 15 s after its creation, is in the status message), and what Metacontroller
+    writes after a baseline taken too early is not what the test did."""
+    mark = len(installed.cluster.audit_writes(METACONTROLLER_USER))
+    synced(installed, 2)
+    return all(metacontroller_writes(installed.cluster, namespace, mark) == [] for namespace in namespaces)
 
 
 def metacontroller_writes(cluster: Cluster, namespace: str, since: int) -> list[tuple[str, str, str]]:
@@ -653,19 +658,6 @@ async def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) ->
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
-
-
-def simulated_ready(hooks_url: str, idep: dict[str, Any]) -> Metacontroller:
-    """The graph through the simulated Metacontroller until it is ready: each round, its
-    workloads report ready, Jobs complete and the Gateway accepts its routes."""
-    simulated = Metacontroller(HookClient(hooks_url), idep, controller(*COMPONENTS))
-    for _ in range(4):
-        simulated.converge()
-        if simulated.parent["status"]["state"] == "ready":
-            return simulated
-        simulated.mark_ready()
-        simulated.gateway_accepts()
-    raise AssertionError(f"the simulated graph is not ready: {simulated.parent['status']}")
 
 
 def comparable(status: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from tests.cluster.test_graphs import (
     eventually,
     get,
     metacontroller_writes,
+    quiet,
     synced,
 )
 from tests.support.cluster import Cluster
@@ -56,16 +57,6 @@ EDITED_LABEL = "app.kubernetes.io/managed-by"
 # uid. Another method (Recreate deletes it and creates it again; OnDelete writes nothing) is
 # no method this bundle is meant to declare, so this test says so rather than guess.
 RESTORED_BY = {"InPlace": "update"}
-
-
-def quiet(installed: Installed, namespace: str) -> bool:
-    """Whether Metacontroller's next two syncs of every graph write nothing in `namespace`: a
-    graph's status still moves after it is Ready (the HPA controller's first look at an
-    autoscaler, 15 s after its creation, is in the status message), and what Metacontroller
-    writes after a baseline taken too early is not what the test did."""
-    mark = len(installed.cluster.audit_writes(METACONTROLLER_USER))
-    synced(installed, 2)
-    return metacontroller_writes(installed.cluster, namespace, mark) == []
 
 
 def uids(cluster: Cluster, namespace: str, names: set[str]) -> dict[str, str]:
