@@ -24,7 +24,7 @@ from hooks import kubernetes_schema
 from hooks.api.fields import SpecError, max_unavailable_valid
 from hooks.api.graph import InferaDeployment
 from hooks.api.rules import READY_TIMEOUT_ENV, UNEVICTABLE, ready_timeout_problem
-from hooks.contract import field_at
+from hooks.contract import field_at, list_merge_key, merge_key_text
 from hooks.kubernetes_names import label_value_valid, shown
 from hooks.kubernetes_schema import Problem
 from hooks.observed import POD_TEMPLATE_PATHS, service_of
@@ -299,6 +299,29 @@ def _ready_timeout_problems(child: dict) -> Iterator[Problem]:
                         yield f"{'.'.join(path)}.spec.{kind}[{index}].env[{number}].value", problem
 
 
+def _merge_key_problems(value: Any, path: str) -> Iterator[Problem]:
+    """Two items of a list that Metacontroller merges by a key, with one value of it: its merge
+    keeps only the last of them, stored twice in their place, and the other is lost on the
+    first sync after the create (a port on TCP and UDP, say)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _merge_key_problems(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        merge_key = list_merge_key(value)
+        seen: dict[str, int] = {}
+        for index, item in enumerate(value):
+            text = merge_key_text(item[merge_key]) if merge_key else None
+            if text is not None and text in seen:
+                yield (
+                    f"{path}[{index}].{merge_key}",
+                    f"{shown(item[merge_key])} is also {path}[{seen[text]}]'s: Metacontroller merges this list "
+                    f"by {merge_key} and would keep only the last of the two, so give each item its own {merge_key}",
+                )
+            elif text is not None:
+                seen[text] = index
+            yield from _merge_key_problems(item, f"{path}[{index}]")
+
+
 def _broken_rule(idep: InferaDeployment, child: dict) -> str | None:
     """The first of the spec's rules that a child breaks, or None."""
     kind, spec = child["kind"], child.get("spec") or {}
@@ -309,6 +332,7 @@ def _broken_rule(idep: InferaDeployment, child: dict) -> str | None:
         _storage_problems(spec, "spec") if kind == "PersistentVolumeClaim" else (),
         *(_storage_problems(claim.get("spec"), f"spec.volumeClaimTemplates[{index}].spec") for index, claim in claims),
         _ready_timeout_problems(child),
+        _merge_key_problems(spec, "spec"),
     )
     problem = next(problems, None)
     return None if problem is None else f"{problem[0]}: {problem[1]}"

@@ -206,6 +206,35 @@ def field_at(obj: Any, *keys: str) -> Any:
     return obj
 
 
+# Metacontroller's 3-way merge (pkg/dynamic/apply) takes a list whose items are all objects
+# sharing one of these keys (the first, in this order) as a map by that key's value.
+MERGE_KEYS = ("containerPort", "port", "mountPath", "name", "uid", "ip", "path")
+
+
+def list_merge_key(*lists: list[Any]) -> str | None:
+    """The key by which Metacontroller merges these versions of one list, or None (it replaces
+    the list whole)."""
+    common: set[str] | None = None
+    for item in (item for items in lists for item in items):
+        if not isinstance(item, dict):
+            return None
+        common = set(item) if common is None else common & set(item)
+    return next((key for key in MERGE_KEYS if common and key in common), None)
+
+
+def merge_key_text(value: Any) -> str:
+    """A merge key's value as Go's fmt %v writes it: items whose texts are equal are one item."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return json.dumps(value, sort_keys=True)
+
+
 def child_key(child: dict[str, Any]) -> tuple[str, str]:
     return child.get("kind", ""), child["metadata"].get("name", "")
 

@@ -295,6 +295,42 @@ REFUSED_BY_THE_API_SERVER = {
 }
 
 
+MERGED_AWAY = ": Metacontroller merges this list by {key} and would keep only the last of the two, so give each item its own {key}"
+# Lists Metacontroller's merge would mangle: it takes a list of objects sharing a key as a map
+# by that key, so of two items with one value of it only the last would stay.
+MANGLED_BY_METACONTROLLER = {
+    "extraPodSpec port on TCP and UDP": (
+        extra(
+            "decode",
+            containers=[
+                {
+                    "name": "main",
+                    "ports": [{"containerPort": 53, "protocol": "TCP"}, {"containerPort": 53, "protocol": "UDP"}],
+                }
+            ],
+        ),
+        "spec.services.decode.extraPodSpec (Deployment qwen-pd-decode): spec.template.spec.containers[0].ports[1]"
+        ".containerPort: 53 is also spec.template.spec.containers[0].ports[0]'s"
+        + MERGED_AWAY.format(key="containerPort"),
+    ),
+    "patch adding a Service port's UDP twin": (
+        patch(
+            "Service",
+            "qwen-pd-server",
+            {"op": "add", "path": "/spec/ports/-", "value": {"port": 8000, "protocol": "UDP", "name": "udp"}},
+        ),
+        "patches[0] (Service qwen-pd-server): spec.ports[1].port: 8000 is also spec.ports[0]'s"
+        + MERGED_AWAY.format(key="port"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", MANGLED_BY_METACONTROLLER)
+def test_a_list_metacontrollers_merge_would_mangle_fails_in_the_hook(converged: Metacontroller, case: str) -> None:
+    change, message = MANGLED_BY_METACONTROLLER[case]
+    assert converged.refusal(change) == message
+
+
 @pytest.mark.parametrize("case", REFUSED_BY_THE_API_SERVER)
 def test_what_the_api_server_would_refuse_fails_in_the_hook(converged: Metacontroller, case: str) -> None:
     change, message = REFUSED_BY_THE_API_SERVER[case]
