@@ -72,7 +72,7 @@ def quoted(text: str) -> str:
     """Another controller's words as one line of at most MAX_QUOTED_MESSAGE characters, ending
     in an ellipsis where they were cut (so a cut is not read as what it said)."""
     line = " ".join(text.split())
-    return line if len(line) <= MAX_QUOTED_MESSAGE else line[: MAX_QUOTED_MESSAGE - 1] + "…"
+    return line if len(line) <= MAX_QUOTED_MESSAGE else line[: MAX_QUOTED_MESSAGE - 1].rstrip() + "…"
 
 
 # Names a message lists before it counts the rest.

@@ -4,11 +4,17 @@ a spec the hook refuses and its fix, delete) on the cluster and in process, must
 with the same children as stored, the same status and the same writes.
 
 The graphs move in lockstep, one step at a time on the cluster, so the waits overlap. The world
-the simulator cannot make (kwok's pods, the workload controllers' and the autoscaler's reports,
-the Gateway's acceptance) is copied into it from the cluster: each child's status, and an
-autoscaled workload's count. What Metacontroller does with the hooks' answers is not copied:
-the creates, updates and deletes, the last-applied record, the parent's finalizer and status
-are each the simulator's own, compared with the audit log and the stored objects.
+the simulator cannot make (what the workload controllers, kwok's pods, the autoscaler and the
+Gateway report) is copied into it from the cluster once the step has settled there: each
+child's status, and an autoscaler's count of the workload it targets. Pods are not copied: the
+hooks read them only for a pod no node takes, and every step settles with each one scheduled.
+What Metacontroller does with the hooks' answers is not copied: the creates, updates and
+deletes, the last-applied record, generations, the parent's finalizer and status are each the
+simulator's own, compared with the audit log and the stored objects. The status is compared by
+its content at the end of each step and its writes by whether there were any (the cluster's
+pods become ready one by one, the simulator's at once); the simulator goes from the world
+before the step to the world after it, so a write the cluster makes in a state between the two
+(a BlueGreen phase) is one both must make.
 """
 
 import contextlib
@@ -23,8 +29,9 @@ from typing import Any
 import pytest
 
 from hooks.contract import LAST_APPLIED_ANNOTATION
-from tests.cluster.test_graphs import EXAMPLES, children, comparable, eventually, get, quiet
-from tests.support.cluster import Cluster, accepted_status, graph_namespace
+from tests.cluster.test_blue_green import NEW_IMAGE
+from tests.cluster.test_graphs import EXAMPLES, accept_gateway_routes, children, comparable, eventually, get, quiet
+from tests.support.cluster import Cluster, graph_namespace
 from tests.support.localcluster import COMPONENTS, Installed
 from tests.support.metacontroller import USER as METACONTROLLER_USER
 from tests.support.requests import RESOURCE_KINDS, controller, load_yaml
@@ -32,10 +39,8 @@ from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller, Write
 
 Change = Callable[[dict[str, Any]], None]
-# Writes as both sides can name them: (create | update | delete, kind, name) of a child, and
-# (status | finalizer, InferaDeployment, name) of the parent.
+Key = tuple[str, str]  # a child's kind and name
 WORKLOADS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
-NEW_IMAGE = "rocm/infera:sglang-v0.1.2"
 # A mount of a volume no pod has: the CRD admits any pod spec, the hook refuses this one.
 UNKNOWN_MOUNT = {"containers": [{"name": "main", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}]}
 
@@ -56,6 +61,9 @@ class Graph:
     name: str
     steps: list[Step]
     simulated: Metacontroller | None = None
+    # What the hooks' previous answer set, by child: a field it set and the next drops is
+    # removed by the merge, which the comparison of the stored child must see.
+    records: dict[Key, dict[str, Any]] = field(default_factory=dict)
     differences: list[str] = field(default_factory=list)
 
 
@@ -113,23 +121,10 @@ def steps_of(spec: dict[str, Any]) -> list[Step]:
     return [*steps, Step("refused spec", refused, "failed"), Step("fix the refused spec", fixed)]
 
 
-def accept_new_routes(cluster: Cluster, namespace: str) -> None:
-    """The Gateway controller's part: it accepts each InferencePool and HTTPRoute it has not yet."""
-    for resource in ("inferencepools", "httproutes"):
-        for item in get(cluster, "-n", namespace, resource)["items"]:
-            if not (item.get("status") or {}).get("parents"):
-                status = accepted_status(resource, item["metadata"]["generation"])
-                patched = cluster.kubectl(
-                    "patch", "-n", namespace, resource, item["metadata"]["name"], "--subresource=status",
-                    "--type=merge", "-p", json.dumps({"status": status}),
-                )  # fmt: skip
-                assert patched.returncode == 0, patched.stderr
-
-
 def settled(cluster: Cluster, graph: Graph, state: str) -> bool:
     """Whether the graph's status speaks of its current spec, in `state`, and a BlueGreen
     rollout is Stable."""
-    accept_new_routes(cluster, graph.namespace)
+    accept_gateway_routes(cluster, graph.namespace, only_new=True)
     idep = get(cluster, "-n", graph.namespace, "idep", graph.name)
     status = idep.get("status") or {}
     rollout = status.get("rollout")
@@ -140,11 +135,11 @@ def settled(cluster: Cluster, graph: Graph, state: str) -> bool:
     )
 
 
-def real_writes(cluster: Cluster, namespace: str, since: int) -> Counter[Write]:
-    """Metacontroller's successful writes in `namespace` from audit entry `since` on, as the
-    simulator names them; its Events left out."""
+def real_writes(cluster: Cluster, namespace: str, since: int, until: int | None = None) -> Counter[Write]:
+    """Metacontroller's successful writes in `namespace` from audit entry `since` to `until`, as
+    the simulator names them (tests/support/simulator.py Write); its Events left out."""
     writes: Counter[Write] = Counter()
-    for event in cluster.audit_writes(METACONTROLLER_USER)[since:]:
+    for event in cluster.audit_writes(METACONTROLLER_USER)[since:until]:
         ref = event["objectRef"]
         if ref.get("namespace") != namespace or event["responseStatus"]["code"] >= 300 or ref["resource"] == "events":
             continue
@@ -163,10 +158,16 @@ def compared_writes(writes: Counter[Write]) -> Counter[Write]:
     return Counter({write: 1 if write[0] == "status" else count for write, count in writes.items()})
 
 
-def mirrored(simulated: Metacontroller, real: dict[tuple[str, str], dict[str, Any]]) -> bool:
+def mirrored(simulated: Metacontroller, real: dict[Key, dict[str, Any]]) -> bool:
     """Copies the world's part of each child from the cluster into the simulator: its status
-    (what its controller, kwok's pods or the Gateway reported) and an autoscaler's count.
-    Whether anything changed."""
+    (what its controller, kwok's pods or the Gateway reported) and, for a workload an
+    autoscaler targets, its count. Whether anything changed."""
+    targeted = {
+        (target["kind"], target["name"])
+        for (kind, _), child in simulated.children.items()
+        if kind == "HorizontalPodAutoscaler"
+        for target in [child["spec"]["scaleTargetRef"]]
+    }
     changed = False
     for key, child in simulated.children.items():
         if key not in real:
@@ -176,13 +177,13 @@ def mirrored(simulated: Metacontroller, real: dict[tuple[str, str], dict[str, An
             child["status"] = copy.deepcopy(status)
             changed = True
         replicas = (real[key].get("spec") or {}).get("replicas")
-        if key[0] in WORKLOADS and isinstance(replicas, int) and replicas != child["spec"].get("replicas"):
+        if key in targeted and isinstance(replicas, int) and replicas != child["spec"].get("replicas"):
             simulated.autoscale(*key, replicas)
             changed = True
     return changed
 
 
-def simulated_step(simulated: Metacontroller, real: dict[tuple[str, str], dict[str, Any]]) -> list[Write]:
+def simulated_step(simulated: Metacontroller, real: dict[Key, dict[str, Any]]) -> list[Write]:
     """The simulator through one step: it converges, the world catches up with the cluster's,
     until neither moves; its writes meanwhile."""
     start = len(simulated.writes)
@@ -204,14 +205,27 @@ def as_applied(stored: Any, applied: Any) -> Any:
     return stored
 
 
-def child_view(child: dict[str, Any]) -> dict[str, Any]:
+def either(previous: Any, current: Any) -> Any:
+    """The fields the previous answer or the current one set (the current one's lists)."""
+    if isinstance(previous, dict) and isinstance(current, dict):
+        return {
+            key: either(previous.get(key), current[key]) if key in current else previous[key]
+            for key in previous | current
+        }
+    return current
+
+
+def child_view(child: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
     """What Metacontroller and the API server made of a child: the record of what was applied
-    (the annotation's very text), the stored fields the answer set, the controller reference."""
+    (the annotation's very text), the stored fields this answer or the previous one set (one
+    the previous set and this one dropped must be gone), a workload's generation (readiness
+    reads it), the controller reference."""
     metadata = child["metadata"]
     record = (metadata.get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
     return {
         "record": record,
-        "stored": as_applied(child, json.loads(record)) if record else None,
+        "stored": as_applied(child, either(previous, json.loads(record))) if record else None,
+        "generation": metadata.get("generation") if child["kind"] in WORKLOADS else None,
         "owners": [
             {k: ref.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller", "blockOwnerDeletion")}
             for ref in metadata.get("ownerReferences") or []
@@ -242,17 +256,23 @@ def compared_step(installed: Installed, graph: Graph, step: str, since: int) -> 
     real = {
         (c["kind"], c["metadata"]["name"]): c for c in children(cluster, graph.namespace, parent["metadata"]["uid"])
     }
+    # What Metacontroller wrote up to this look at the cluster, not after it.
+    until = len(cluster.audit_writes(METACONTROLLER_USER))
     written = simulated_step(simulated, real)
     found = differences("children", sorted(real), sorted(simulated.children))
     for key in sorted(set(real) & set(simulated.children)):
-        found += differences(f"{key}", child_view(real[key]), child_view(simulated.children[key]))
+        previous = graph.records.get(key)
+        found += differences(f"{key}", child_view(real[key], previous), child_view(simulated.children[key], previous))
     found += differences("status", comparable(parent["status"]), comparable(simulated.parent["status"]))
     found += differences(
         "writes",
-        compared_writes(real_writes(cluster, graph.namespace, since)),
+        compared_writes(real_writes(cluster, graph.namespace, since, until)),
         compared_writes(Counter(written)),
     )
     graph.differences += [f"{graph.example.name}, {step}: {difference}" for difference in found]
+    graph.records = {
+        key: json.loads(child["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]) for key, child in real.items()
+    }
 
 
 def settle(installed: Installed, moving: list[tuple[Graph, str]]) -> None:

@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any, Literal
 
-from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION
+from hooks.contract import CONTROLLER_UID_LABEL, LAST_APPLIED_ANNOTATION, list_merge_key, merge_key_text
 from hooks.limits import GO_ESCAPE_EXTRA
 
 # metadata fields the server owns: the merge never changes them (revertObjectMetaSystemFields).
@@ -42,7 +42,8 @@ def stamped(desired: dict[str, Any], namespace: str, parent_uid: str) -> dict[st
     generated selector's label unless the hook set it (then it must match the parent's uid)."""
     child = json.loads(json.dumps(desired))
     metadata = child["metadata"]
-    metadata.setdefault("namespace", namespace)
+    if not metadata.get("namespace"):
+        metadata["namespace"] = namespace
     labels = metadata.get("labels")
     if labels is None or CONTROLLER_UID_LABEL not in labels:
         metadata["labels"] = {**(labels or {}), CONTROLLER_UID_LABEL: parent_uid}
@@ -55,7 +56,9 @@ def stamped(desired: dict[str, Any], namespace: str, parent_uid: str) -> dict[st
 
 def go_json(value: Any) -> str:
     """`value` as Go's json.Marshal writes it: keys sorted, no spaces, UTF-8 kept, the HTML
-    characters and line separators escaped, and a whole float written as an integer."""
+    characters and line separators escaped, and a whole float written as an integer. (Go writes
+    small fractions such as 0.00005 without an exponent, which Python writes 5e-05: no child the
+    hooks render holds one.)"""
     text = json.dumps(_go_numbers(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     for char in GO_ESCAPE_EXTRA:
         text = text.replace(char, f"\\u{ord(char):04x}")
@@ -79,7 +82,9 @@ def as_stored(value: Any) -> Any:
 
 
 def recorded(child: dict[str, Any]) -> dict[str, Any] | None:
-    """The last-applied record on a stored child; None on a child Metacontroller never applied."""
+    """The last-applied record on a stored child; None on a child Metacontroller never applied.
+    Unlike the hooks' reader (hooks.contract.recorded_configuration), which ignores a record it
+    cannot parse, Metacontroller fails on one: so does this."""
     text = (child["metadata"].get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
     return json.loads(text) if text else None
 
@@ -129,14 +134,12 @@ def update_method(composite: dict[str, Any], kind_resource: tuple[str, str]) -> 
 
 def update_for(method: str) -> Update:
     """What a method does to a child whose merge differs from what is stored: nothing until
-    someone else deletes it, delete it now (created again by the next sync), or update it."""
-    if method in ("", "OnDelete"):
-        return "none"
-    if method in ("Recreate", "RollingRecreate"):
-        return "recreate"
-    if method in ("InPlace", "RollingInPlace"):
-        return "update"
-    raise SyncFailed(f"invalid update strategy: unknown method {method!r}")
+    someone else deletes it, delete it now (created again by the next sync), or update it. The
+    rolling methods go through ControllerRevisions, which are not modelled."""
+    updates: dict[str, Update] = {"OnDelete": "none", "Recreate": "recreate", "InPlace": "update"}
+    if method not in updates:
+        raise NotImplementedError(f"updateStrategy method {method!r} is not modelled")
+    return updates[method]
 
 
 def merge(observed: Any, last_applied: Any, desired: Any) -> Any:
@@ -144,12 +147,20 @@ def merge(observed: Any, last_applied: Any, desired: Any) -> Any:
     removed, desired fields are set, objects merge key by key, lists of objects sharing a
     conventional key merge item by item, other lists and scalars are replaced by the desired
     value."""
-    if isinstance(observed, dict) and (isinstance(desired, dict) or desired is None):
-        return _merge_object(dict(observed), last_applied or {}, desired or {})
-    if isinstance(observed, list) and (isinstance(desired, list) or desired is None):
-        key = _list_map_key(observed, last_applied or [], desired or [])
+    # Go takes a last-applied or desired value of another type than the observed one as null.
+    if isinstance(observed, dict):
+        return _merge_object(
+            dict(observed),
+            last_applied if isinstance(last_applied, dict) else {},
+            desired if isinstance(desired, dict) else {},
+        )
+    if isinstance(observed, list):
+        last = last_applied if isinstance(last_applied, list) else []
+        wanted = desired if isinstance(desired, list) else []
+        key = list_merge_key(observed, last, wanted)
         if key:
-            return _merge_list_map(key, observed, last_applied or [], desired or [])
+            return _merge_list_map(key, observed, last, wanted)
+        return desired if isinstance(desired, list) else None
     return desired
 
 
@@ -162,25 +173,16 @@ def _merge_object(observed: dict, last_applied: dict, desired: dict) -> dict:
     return observed
 
 
-MERGE_KEYS = ("containerPort", "port", "mountPath", "name", "uid", "ip", "path")
-
-
-def _list_map_key(*lists: list) -> str | None:
-    common: set[str] | None = None
-    for item in (item for items in lists for item in items):
-        if not isinstance(item, dict):
-            return None
-        common = set(item) if common is None else common & set(item)
-    return next((key for key in MERGE_KEYS if common and key in common), None)
-
-
 def _merge_list_map(key: str, observed: list, last_applied: list, desired: list) -> list:
-    by_key = lambda items: {str(item[key]): item for item in items}  # noqa: E731
+    by_key = lambda items: {merge_key_text(item[key]): item for item in items}  # noqa: E731
     merged = _merge_object(by_key(observed), by_key(last_applied), by_key(desired))
-    result, added = [], set()
-    for item in observed + desired:  # observed order first, then new desired items
-        item_key = str(item[key])
-        if item_key in merged and item_key not in added:
-            result.append(merged[item_key])
-            added.add(item_key)
+    # Observed order first, each observed item (two with one key both come out as the last of
+    # them, as in Go), then the desired items not yet there.
+    observed_keys = [merge_key_text(item[key]) for item in observed]
+    result = [merged[text] for text in observed_keys if text in merged]
+    added = set(observed_keys)
+    for text in (merge_key_text(item[key]) for item in desired):
+        if text not in added:
+            result.append(merged[text])
+            added.add(text)
     return result

@@ -23,7 +23,10 @@ from tests.support.apply import as_stored, go_equal, record, stamped, update_for
 from tests.support.requests import KIND_RESOURCES, RESOURCE_KINDS, controller_for, parent, request_body
 from tests.support.service import HookClient
 
-Write = tuple[str, str, str]  # (create | update | delete | status, kind, name)
+# (create | update | delete | adopt | release, kind, name) of a child; (status | finalizer |
+# finalized, kind, name) of the parent: its status written, Metacontroller's finalizer added
+# or removed.
+Write = tuple[str, str, str]
 
 
 def _now(offset_seconds: int) -> str:
@@ -258,7 +261,9 @@ class Metacontroller:
         if answer.get("finalized"):
             # The finalizer goes at once; the children of this answer are not applied.
             self.finalized = True
-            self.parent["metadata"]["finalizers"].remove(self.finalizer)
+            self.parent["metadata"]["finalizers"] = [
+                name for name in self.parent["metadata"].get("finalizers", []) if name != self.finalizer
+            ]
             self.writes.append(("finalized", self.parent["kind"], self.parent["metadata"]["name"]))
             return self.writes[start:]
         listed = {(c["kind"], c["metadata"]["name"]) for c in answer["children"]}
@@ -277,11 +282,11 @@ class Metacontroller:
     def sync(self) -> list[Write]:
         """One sync call; returns the writes it caused."""
         start = len(self.writes)
-        finalizers = self.parent["metadata"].setdefault("finalizers", [])
-        if self.finalizer and self.finalizer not in finalizers:
+        metadata = self.parent["metadata"]
+        if self.finalizer and not self.deleting and self.finalizer not in metadata.get("finalizers", []):
             # Before anything else, so that teardown runs whatever the sync goes on to create.
-            finalizers.append(self.finalizer)
-            self.writes.append(("finalizer", self.parent["kind"], self.parent["metadata"]["name"]))
+            metadata["finalizers"] = [*metadata.get("finalizers", []), self.finalizer]
+            self.writes.append(("finalizer", self.parent["kind"], metadata["name"]))
         self._claim()
         answer = self.client.hook("/sync", self.body())
         self.last_answer = answer
@@ -416,7 +421,8 @@ class Metacontroller:
         record(stored, desired)
         metadata = stored["metadata"]
         metadata.update(uid=f"child-{next(self._uids)}", resourceVersion=str(next(self._versions)), generation=1)
-        metadata["ownerReferences"] = [self._owner_reference()]
+        # Metacontroller adds its controller reference to any the answer gives.
+        metadata["ownerReferences"] = [*(metadata.get("ownerReferences") or []), self._owner_reference()]
         return stored
 
     def _write_status(self, status: dict[str, Any]) -> None:
@@ -429,7 +435,7 @@ class Metacontroller:
 
     def child_writes(self, writes: list[Write]) -> list[Write]:
         """The writes to children: not the parent's status nor its finalizer."""
-        return [write for write in writes if write[0] not in ("status", "finalizer")]
+        return [write for write in writes if write[0] not in ("status", "finalizer", "finalized")]
 
     def refusal(self, change: Callable[[dict[str, Any]], None]) -> str:
         """The failed message a copy of this (converged) graph gets for the spec edit `change`;
