@@ -41,12 +41,17 @@ def _key(go_binary: str, module: Path, programs: dict[str, str], ldflags: str) -
 
 
 def built(
-    name: str, programs: dict[str, str], ldflags: str = "", cold_build: str = "", module: Path | None = None
+    name: str,
+    programs: dict[str, str],
+    ldflags: str = "",
+    cold_build: str = "",
+    module: Path | None = None,
+    goflags: str = "",
 ) -> dict[str, Path]:
     """The programs (installed name -> main package) of the module tests/<name>, or of the
-    source tree `module` (only read), each path built first if this machine has not built these
-    versions yet; `cold_build` says on stderr how long a build takes when Go's build cache is
-    cold."""
+    source tree `module` (only read, but with `goflags` -mod=mod, which lets Go complete its
+    go.mod), each path built first if this machine has not built these versions yet;
+    `cold_build` says on stderr how long a build takes when Go's build cache is cold."""
     go_binary = go()
     need(go_binary is not None, f"Go (1.26 or newer) builds {', '.join(programs)}: install it from go.dev/dl")
     assert go_binary is not None
@@ -60,7 +65,7 @@ def built(
     building.mkdir(parents=True)
     print(f"building {', '.join(programs)} into {bin_dir}{cold_build}", file=sys.stderr, flush=True)
     started = time.monotonic()
-    environment = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
+    environment = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": f"-buildvcs=false {goflags}".strip()}
     subprocess.run(
         [
             go_binary,

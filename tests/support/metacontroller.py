@@ -49,6 +49,20 @@ def need_source() -> Path:
     return SOURCE
 
 
+def merge_program() -> Path:
+    """tests/metacontroller/merge: Metacontroller's own 3-way merge, on [observed, lastApplied,
+    desired] cases as JSON on stdin. Its module is made in .cache from our main.go, with
+    Metacontroller's tree (and its go.sum) as the dependency it replaces."""
+    source = need_source()
+    module = REPO / ".cache" / "metacontroller-merge-module"
+    (module / "merge").mkdir(parents=True, exist_ok=True)
+    (module / "merge" / "main.go").write_bytes((REPO / "tests" / "metacontroller" / "merge" / "main.go").read_bytes())
+    go_mod = f"module mergecheck\n\ngo 1.26\n\nrequire metacontroller v0.0.0\n\nreplace metacontroller => {source}\n"
+    (module / "go.mod").write_text(go_mod)  # as written here, whatever the last build added
+    (module / "go.sum").write_bytes((source / "go.sum").read_bytes())
+    return built("metacontroller-merge", {"merge": "./merge"}, module=module, goflags="-mod=mod")["merge"]
+
+
 def binary() -> Path:
     return built(
         "metacontroller",

@@ -5,12 +5,20 @@ same rules in tests/cluster/test_differential.py."""
 
 import copy
 import json
+import subprocess
 from typing import Any
 
 import pytest
 
+from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION
+from hooks.observed import pod_templates
+from hooks.reconcile import render_children
+from tests.support import apiserver
 from tests.support.apply import SyncFailed, go_equal, go_json, merge
+from tests.support.metacontroller import merge_program
+from tests.support.prerequisites import REPO
+from tests.support.requests import parent
 from tests.support.simulator import Metacontroller
 
 PARENT = {
@@ -170,3 +178,49 @@ def test_the_merge_takes_values_of_another_type_as_go_does(
     observed: Any, last_applied: Any, desired: Any, merged: Any
 ) -> None:
     assert merge(observed, last_applied, desired) == merged
+
+
+def merge_cases() -> list[tuple[Any, Any, Any]]:
+    """[observed, lastApplied, desired] for Metacontroller's merge: edge cases of its rules, and
+    every example's children as the API server stores them, applied again and with their pod
+    templates' first container gaining an env var and losing its ports."""
+    cases: list[tuple[Any, Any, Any]] = [
+        ({"spec": {"ports": [{"port": 53, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}]}},) * 3,
+        ({"a": 1, "b": 2}, {"a": 1}, {"a": "scalar"}),
+        ({"a": {"x": 1, "y": 2}}, {"a": {"x": 1}}, {"a": "scalar"}),
+        ({"a": ["x"]}, {"a": ["x"]}, {"a": {"not": "a list"}}),
+        ({"a": {"b": 1}}, {"a": "not a map"}, {"a": {"c": 3}}),
+        ({"p": [{"port": 80.5, "protocol": "TCP"}]}, {}, {"p": [{"port": 80.5, "name": "http"}]}),
+        ({"p": [{"port": 80, "x": 1}, {"port": 90}]}, {"p": [{"port": 80}, {"port": 90}]}, {"p": [{"port": 100}]}),
+        ({"p": [{"name": True, "v": 1}]}, {}, {"p": [{"name": True, "w": 2}]}),
+        ({"a": 1, "b": None}, {"b": None}, {"a": None}),
+        (
+            {"l": [{"mountPath": "/a", "name": "n"}, {"name": "m", "mountPath": "/b"}]},
+            {},
+            {"l": [{"name": "n", "mountPath": "/c"}]},
+        ),
+    ]
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for child in render_children(InferaDeployment.model_validate(parent(path))):
+            stored = apiserver.store(child)
+            cases.append((stored, child, child))
+            changed = copy.deepcopy(child)
+            for template, _ in pod_templates(changed):
+                container = template["spec"]["containers"][0]
+                container["env"] = [*container.get("env", []), {"name": "ADDED", "value": "1"}]
+                container.pop("ports", None)
+            cases.append((stored, child, changed))
+    return cases
+
+
+def test_the_merge_is_metacontrollers_own() -> None:
+    """tests/support/apply.py's merge against Metacontroller's pkg/dynamic/apply.Merge itself, built
+    from its release source: the same result for every case."""
+    cases = merge_cases()
+    ran = subprocess.run(
+        [str(merge_program())], input=json.dumps(cases), capture_output=True, text=True, timeout=120, check=True
+    )
+    theirs = json.loads(ran.stdout)
+    ours = [merge(copy.deepcopy(observed), last, desired) for observed, last, desired in cases]
+    assert len(theirs) == len(cases) > 100
+    assert [i for i, (mine, go) in enumerate(zip(ours, theirs, strict=True)) if mine != go] == []
