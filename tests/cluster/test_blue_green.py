@@ -10,6 +10,7 @@ import copy
 import json
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -77,6 +78,18 @@ def settled(cluster: Cluster, namespace: str, phase: str) -> dict[str, Any] | No
     status = idep.get("status") or {}
     current = status.get("observedGeneration") == idep["metadata"]["generation"]
     return idep if current and (status.get("rollout") or {}).get("phase") == phase else None
+
+
+def stalled(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """The graph once its rollout says the new generation's pods wait for a node."""
+    return eventually(  # type: ignore[no-any-return]
+        lambda: (
+            (idep := settled(cluster, namespace, "Progressing"))
+            and "unschedulable" in idep["status"]["rollout"]["message"]
+            and idep
+        ),
+        "the rollout to say its new pods wait",
+    )
 
 
 def generation_pods(cluster: Cluster, namespace: str) -> dict[str, tuple[str, str]]:
@@ -152,36 +165,25 @@ def phases(seen: list[dict[str, Any]], generation: int) -> list[tuple[str, str, 
     return steps
 
 
-@pytest.mark.parametrize("namespace", ["blue-green"], indirect=True)
-def test_an_image_change_starts_the_new_generation_moves_the_service_in_place_then_drains_the_old(
-    installed: Installed, namespace: str
-) -> None:
-    cluster = installed.cluster
-    parent = stable_graph(installed, namespace)
-    old = parent["status"]["rollout"]["servingGeneration"]
-    service = front_door(cluster, namespace)
-    since_metacontroller = len(cluster.audit_writes(METACONTROLLER_USER))
-    since = len(audited(cluster, namespace))
+@dataclass
+class Rollout:
+    """A rollout as a test watched it: every version of the graph seen, the last, the
+    metadata.generation that changed what runs, the generations, the front door before."""
 
-    with watched(cluster, namespace, parent["metadata"]["resourceVersion"]) as seen:
-        changed = patch_image(cluster, namespace, NEW_IMAGE)
-        done = eventually(
-            lambda: (
-                (idep := settled(cluster, namespace, "Stable"))
-                and idep["status"]["rollout"]["servingGeneration"] != old
-                and idep
-            ),
-            "the new generation to serve, Stable",
-        )
-        new = done["status"]["rollout"]["servingGeneration"]
-        # The last status written is in the watch before it ends.
-        eventually(
-            lambda: any(idep["metadata"]["resourceVersion"] == done["metadata"]["resourceVersion"] for idep in seen),
-            "the watch to catch up",
-            30,
-        )
+    seen: list[dict[str, Any]]
+    done: dict[str, Any]
+    changed: int
+    old: str
+    new: str
+    service: dict[str, Any]
 
-    assert new != old and len(new) == 8
+
+def rolled_out(cluster: Cluster, namespace: str, rollout: Rollout, since: int, since_metacontroller: int) -> None:
+    """What a finished rollout shows (docs/rollouts.md), from audit entries `since` (anyone's)
+    and `since_metacontroller` (Metacontroller's) on."""
+    seen, done, changed, old, new, service = (
+        rollout.seen, rollout.done, rollout.changed, rollout.old, rollout.new, rollout.service,
+    )  # fmt: skip
     # Every status written about the change, in order: the new generation starts beside the
     # serving one, the front door moves, the old generation is removed, one generation is left.
     assert phases(seen, changed) == [
@@ -214,7 +216,8 @@ def test_an_image_change_starts_the_new_generation_moves_the_service_in_place_th
     assert sorted(writes[4:]) == [("delete", "deployments", name) for name in sorted(deployments_of(old))], writes
 
     # By anyone: the old generation's Deployments are never updated or patched (status
-    # included), only deleted by Metacontroller; the Service is updated once, never deleted.
+    # included), only deleted by Metacontroller; the Service is updated once, never deleted,
+    # and keeps its address while its selector moves to the new generation.
     events = audited(cluster, namespace)[since:]
     assert sorted(writes_to(events, "deployments", deployments_of(old))) == [
         (METACONTROLLER_USER, "delete", "deployments", name) for name in sorted(deployments_of(old))
@@ -226,6 +229,39 @@ def test_an_image_change_starts_the_new_generation_moves_the_service_in_place_th
         service["spec"]["clusterIP"],
     )
     assert moved["spec"]["selector"] == {**service["spec"]["selector"], GENERATION_LABEL: new}
+
+
+@pytest.mark.parametrize("namespace", ["blue-green"], indirect=True)
+def test_an_image_change_starts_the_new_generation_moves_the_service_in_place_then_drains_the_old(
+    installed: Installed, namespace: str
+) -> None:
+    cluster = installed.cluster
+    parent = stable_graph(installed, namespace)
+    old = parent["status"]["rollout"]["servingGeneration"]
+    service = front_door(cluster, namespace)
+    since_metacontroller = len(cluster.audit_writes(METACONTROLLER_USER))
+    since = len(audited(cluster, namespace))
+
+    with watched(cluster, namespace, parent["metadata"]["resourceVersion"]) as seen:
+        changed = patch_image(cluster, namespace, NEW_IMAGE)
+        done = eventually(
+            lambda: (
+                (idep := settled(cluster, namespace, "Stable"))
+                and idep["status"]["rollout"]["servingGeneration"] != old
+                and idep
+            ),
+            "the new generation to serve, Stable",
+        )
+        new = done["status"]["rollout"]["servingGeneration"]
+        # The last status written is in the watch before it ends.
+        eventually(
+            lambda: any(idep["metadata"]["resourceVersion"] == done["metadata"]["resourceVersion"] for idep in seen),
+            "the watch to catch up",
+            30,
+        )
+
+    assert new != old and len(new) == 8
+    rolled_out(cluster, namespace, Rollout(seen, done, changed, old, new, service), since, since_metacontroller)
 
     # The real controllers follow: the old pods go, the new ones run, and the Service's
     # endpoints are the new server pod's.

@@ -25,8 +25,8 @@ from tests.cluster.test_blue_green import (
     deployments_of,
     front_door,
     patch_image,
-    settled,
     stable_graph,
+    stalled,
     watched,
     writes_to,
 )
@@ -242,14 +242,7 @@ def stalled_rollout(installed: Installed, namespace: str) -> Iterator[tuple[dict
     old = parent["status"]["rollout"]["servingGeneration"]
     with cordoned(cluster):
         patch_image(cluster, namespace, NEW_IMAGE)
-        rolling = eventually(
-            lambda: (
-                (idep := settled(cluster, namespace, "Progressing"))
-                and "unschedulable" in idep["status"]["rollout"]["message"]
-                and idep
-            ),
-            "the rollout to say its new pods wait",
-        )
+        rolling = stalled(cluster, namespace)
         new = rolling["status"]["rollout"]["incomingGeneration"]
         assert rolling["status"]["state"] == "ready"
         yield rolling, old, new
