@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hooks.vocabulary import GENERATION_LABEL
-from tests.cluster.test_graphs import columns, eventually, get, metacontroller_writes
+from tests.cluster.test_graphs import columns, eventually, get, metacontroller_writes, wait_graph_ready
 from tests.support.cluster import NODE_NAMES, Cluster, versions_of
 from tests.support.localcluster import Installed
 from tests.support.metacontroller import USER as METACONTROLLER_USER
@@ -42,14 +42,7 @@ def stable_graph(installed: Installed, namespace: str) -> dict[str, Any]:
     idep["spec"]["rollout"] = {"strategy": "BlueGreen"}
     applied = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(idep))
     assert applied.returncode == 0, applied.stderr
-    waited = cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{NAME}", "--timeout=180s", timeout=200
-    )
-    assert waited.returncode == 0, (
-        waited.stderr,
-        cluster.unready_pods(namespace),
-        installed.metacontroller.errors(),
-    )
+    wait_graph_ready(installed, namespace, NAME)
     parent = eventually(lambda: settled(cluster, namespace, "Stable"), "the graph to be Stable")
     generation = parent["status"]["rollout"]["servingGeneration"]
     assert len(generation) == 8, generation

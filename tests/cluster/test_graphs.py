@@ -61,6 +61,20 @@ def get(cluster: Cluster, *arguments: str) -> Any:
     return json.loads(got.stdout)
 
 
+def wait_graph_ready(installed: Installed, namespace: str, name: str, seconds: int = 180) -> None:
+    """`kubectl wait --for=condition=Ready` on a graph; what holds it back, if it times out."""
+    cluster = installed.cluster
+    waited = cluster.kubectl(
+        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", f"--timeout={seconds}s", timeout=seconds + 20
+    )
+    assert waited.returncode == 0, (
+        waited.stderr,
+        get(cluster, "-n", namespace, "idep", name).get("status"),
+        cluster.unready_pods(namespace),
+        installed.metacontroller.errors(),
+    )
+
+
 def children(cluster: Cluster, namespace: str, uid: str) -> list[dict[str, Any]]:
     """Every object of a registered child kind labelled with the graph's uid."""
     kinds = ",".join(sorted(RESOURCE_KINDS))
@@ -137,15 +151,7 @@ def test_every_example_converges_on_kwok_nodes_and_then_writes_nothing(
     if (idep["spec"].get("gaie") or {}).get("enabled"):
         eventually(lambda: get(cluster, "-n", namespace, "httproutes")["items"], "the HTTPRoute")
         accept_gateway_routes(cluster, namespace)
-    waited = cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", "--timeout=180s", timeout=200
-    )
-    assert waited.returncode == 0, (
-        waited.stderr,
-        get(cluster, "-n", namespace, "idep", name).get("status"),
-        cluster.unready_pods(namespace),
-        installed.metacontroller.errors(),
-    )
+    wait_graph_ready(installed, namespace, name)
 
     blue_green = (idep["spec"].get("rollout") or {}).get("strategy") == "BlueGreen"
     assert columns(cluster, namespace, name) == {
@@ -281,10 +287,7 @@ def ready_graph(
     assert applied.returncode == 0, applied.stderr
     (idep,) = load_yaml(example)
     name = idep["metadata"]["name"]
-    waited = cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{name}", "--timeout=180s", timeout=200
-    )
-    assert waited.returncode == 0, (waited.stderr, cluster.unready_pods(namespace))
+    wait_graph_ready(installed, namespace, name)
     return get(cluster, "-n", namespace, "idep", name)
 
 
@@ -605,10 +608,7 @@ def test_the_rendered_graph_serves_a_chat_completion_with_discovery_through_the_
             "spec": {"image": "rocm/infera:v0.2.10", **mixed(build_tokenizer(workdir / "model"))},
         }
         cluster.apply(idep)
-        waited = cluster.kubectl(
-            "wait", "-n", namespace, "--for=condition=Ready", "idep/e2e", "--timeout=180s", timeout=200
-        )
-        assert waited.returncode == 0, (waited.stderr, cluster.unready_pods(namespace))
+        wait_graph_ready(installed, namespace, "e2e")
         live = get(cluster, "-n", namespace, "idep", "e2e")
         pods = get(cluster, "-n", namespace, "pods")["items"]
         owned = children(cluster, namespace, live["metadata"]["uid"])

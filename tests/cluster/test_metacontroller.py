@@ -40,6 +40,7 @@ from tests.cluster.test_graphs import (
     metacontroller_writes,
     quiet,
     synced,
+    wait_graph_ready,
 )
 from tests.support.cluster import Cluster
 from tests.support.localcluster import COMPONENTS, CONTROLLER, Installed
@@ -282,15 +283,7 @@ def test_each_child_kind_edited_by_hand_is_put_back_as_its_declared_update_strat
         "the InferencePool and the HTTPRoute",
     )
     accept_gateway_routes(cluster, namespace)
-    waited = cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", f"idep/{KINDS_GRAPH}", "--timeout=240s", timeout=260
-    )
-    assert waited.returncode == 0, (
-        waited.stderr,
-        get(cluster, "-n", namespace, "idep", KINDS_GRAPH).get("status"),
-        cluster.unready_pods(namespace),
-        installed.metacontroller.errors(),
-    )
+    wait_graph_ready(installed, namespace, KINDS_GRAPH, 240)
     # The baseline: the graph once its syncs write nothing more, so what Metacontroller writes
     # next is the edits' doing.
     eventually(lambda: quiet(installed, namespace), "the graph's syncs to write nothing", 180)
