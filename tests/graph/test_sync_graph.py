@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 
 from tests.support.argv import entry_point, flags
+from tests.support.graphs import graph
 from tests.support.pod_security import RESTRICTED_CONTAINER
-from tests.support.requests import PD, as_vllm, children_by_key, parent, request_body
+from tests.support.requests import children_by_key, request_body
 
 SELECTOR = "infera.amd.com/deployment=qwen-pd"
 NATS_URL = "nats://qwen-pd-nats:4222"
@@ -34,14 +35,8 @@ def labels(service: str, idep: str = "qwen-pd") -> dict[str, str]:
     }
 
 
-def pd_parent(**spec_changes: Any) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["spec"].update(spec_changes)
-    return obj
-
-
 def test_seed_pd_graph_children(hooks) -> None:
-    answer = hooks.sync(pd_parent())
+    answer = hooks.sync(graph().obj())
     assert sorted(children_by_key(answer)) == [
         ("Deployment", "qwen-pd-decode"),
         ("Deployment", "qwen-pd-prefill"),
@@ -71,7 +66,7 @@ def test_seed_pd_graph_children(hooks) -> None:
 
 
 def test_prefill_worker_deployment_is_exact(hooks) -> None:
-    obj = pd_parent()
+    obj = graph().obj()
     prefill = children_by_key(hooks.sync(obj))[("Deployment", "qwen-pd-prefill")]
     (main,) = prefill["spec"]["template"]["spec"]["containers"]
     # The engine on the container's port, in its role, on the broker; no selector for a worker:
@@ -154,12 +149,12 @@ def test_prefill_worker_deployment_is_exact(hooks) -> None:
 
 
 def test_decode_worker_gets_its_role(hooks) -> None:
-    command = container(hooks.sync(pd_parent()), "qwen-pd-decode")["command"]
+    command = container(hooks.sync(graph().obj()), "qwen-pd-decode")["command"]
     assert command[command.index("--disaggregation-mode") + 1] == "decode"
 
 
 def test_server_deployment_and_service(hooks) -> None:
-    answer = hooks.sync(pd_parent())
+    answer = hooks.sync(graph().obj())
     server = children_by_key(answer)[("Deployment", "qwen-pd-server")]
     assert "strategy" not in server["spec"]  # routers hold no GPU: the default surge rollout is fine
     pod = server["spec"]["template"]["spec"]
@@ -212,7 +207,7 @@ def test_server_deployment_and_service(hooks) -> None:
 
 
 def test_nats_statefulset_and_headless_service(hooks) -> None:
-    answer = hooks.sync(pd_parent(nats={"deploy": True, "storageSize": "8Gi", "storageClassName": "fast"}))
+    answer = hooks.sync(graph().nats(deploy=True, storageSize="8Gi", storageClassName="fast").obj())
     statefulset = children_by_key(answer)[("StatefulSet", "qwen-pd-nats")]
     spec = statefulset["spec"]
     assert spec["replicas"] == 1 and spec["serviceName"] == "qwen-pd-nats"
@@ -242,7 +237,7 @@ def test_nats_statefulset_and_headless_service(hooks) -> None:
 def test_discovery_identities_are_least_privilege(hooks) -> None:
     """Routers list and watch the graph's pods; workers patch their own Pod's registration;
     neither may touch the InferaDeployment unless a router serves the scaling API."""
-    answer = children_by_key(hooks.sync(pd_parent()))
+    answer = children_by_key(hooks.sync(graph().obj()))
     assert answer[("Role", "qwen-pd-disc")]["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
     ]
@@ -265,8 +260,7 @@ def test_discovery_identities_are_least_privilege(hooks) -> None:
 
 
 def test_the_scaling_api_gets_its_graph_and_nothing_more(hooks) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["server"]["args"].append("--enable-scaling-api")
+    obj = graph().add_args("server", "--enable-scaling-api").obj()
     answer = children_by_key(hooks.sync(obj))
     assert answer[("Role", "qwen-pd-disc")]["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
@@ -283,7 +277,7 @@ def test_the_scaling_api_gets_its_graph_and_nothing_more(hooks) -> None:
 
 
 def test_etcd_discovery(hooks) -> None:
-    answer = hooks.sync(pd_parent(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"))
+    answer = hooks.sync(graph().discovery("etcd", "etcd.infra:2379").obj())
     kinds = {kind for kind, _ in children_by_key(answer)}
     assert kinds == {"Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service", "StatefulSet"}  # no RBAC objects
     etcd = {"--discovery-backend": "etcd", "--etcd-endpoint": "etcd.infra:2379"}
@@ -309,7 +303,7 @@ def test_etcd_discovery(hooks) -> None:
 
 
 def test_nats_off(hooks) -> None:
-    answer = hooks.sync(pd_parent(nats={"deploy": False}))
+    answer = hooks.sync(graph().nats(deploy=False).obj())
     assert not [key for key in children_by_key(answer) if key[1] == "qwen-pd-nats"]
     for name in ("qwen-pd-server", "qwen-pd-prefill", "qwen-pd-decode"):
         main = container(answer, name)
@@ -321,7 +315,7 @@ def test_nats_off(hooks) -> None:
 
 
 def test_vllm_backend(hooks) -> None:
-    answer = hooks.sync(as_vllm(pd_parent()))
+    answer = hooks.sync(graph().vllm().obj())
     module, options = entry_point(container(answer, "qwen-pd-prefill")["command"])
     assert module == "infera.engine.vllm"
     assert "--disaggregation-mode" not in options  # vLLM has none: the role is kv_role
@@ -367,35 +361,33 @@ def test_vllm_backend(hooks) -> None:
     ],
 )
 def test_vllm_role_comes_from_kv_role(hooks, role: str, args: list[str], message: str) -> None:
-    obj = as_vllm(pd_parent())
-    obj["spec"]["services"]["decode"].update(role=role, args=args)
-    obj["spec"]["services"]["prefill"]["replicas"] = 0  # still validated
+    obj = graph().vllm().service("decode", role=role, args=args).replicas(prefill=0).obj()  # prefill still validated
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed" and message in status["message"], status["message"]
 
 
 def test_sglang_role_must_not_be_contradicted(hooks) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["decode"]["args"] += ["--disaggregation-mode", "prefill"]
+    obj = graph().add_args("decode", "--disaggregation-mode", "prefill").obj()
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed"
     assert "services.decode: --disaggregation-mode prefill contradicts role decode" in status["message"]
 
 
 def test_server_needs_a_tokenizer(hooks) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["server"]["args"] = ["--router-policy", "round-robin"]
+    obj = graph().args("server", "--router-policy", "round-robin").obj()
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed"
     assert "services.server: infera.server requires --router-tokenizer-path" in status["message"]
 
 
 def test_custom_ports_gpu_type_and_images(hooks) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["server"]["port"] = 9000
-    decode = obj["spec"]["services"]["decode"]
-    decode.update(port=31000, image="example.com/engine:v2", replicas=3)
-    decode["resources"] = {"gpu": 8, "gpuType": "nvidia.com/gpu", "cpu": "16000m", "memory": "1024Gi"}
+    obj = (
+        graph()
+        .service("server", port=9000)
+        .service("decode", port=31000, image="example.com/engine:v2", replicas=3)
+        .resources("decode", gpu=8, gpuType="nvidia.com/gpu", cpu="16000m", memory="1024Gi")
+        .obj()
+    )
     answer = hooks.sync(obj)
     server = container(answer, "qwen-pd-server")
     assert entry_point(server["command"])[1]["--port"] == "9000"
@@ -415,17 +407,16 @@ def test_custom_ports_gpu_type_and_images(hooks) -> None:
 
 
 def test_envs_precedence_and_no_empty_values(hooks) -> None:
-    obj = pd_parent(
-        envs=[
+    obj = (
+        graph()
+        .envs(
             {"name": "HF_HOME", "value": "/models"},
             {"name": "SHARED", "value": "all"},
             {"name": "EMPTY", "value": ""},
-        ]
+        )
+        .env("decode", {"name": "SHARED", "value": "decode"}, {"name": "POD_IP", "value": "10.0.0.1"})
+        .obj()
     )
-    obj["spec"]["services"]["decode"]["env"] = [
-        {"name": "SHARED", "value": "decode"},
-        {"name": "POD_IP", "value": "10.0.0.1"},
-    ]
     env = container(hooks.sync(obj), "qwen-pd-decode")["env"]
     assert env == [
         READY_TIMEOUT_ENV,
@@ -465,17 +456,13 @@ def test_envs_precedence_and_no_empty_values(hooks) -> None:
     ],
 )
 def test_grace_period_covers_the_drain(hooks, args: list[str], env: list[dict], grace: int) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["decode"]["args"] += args
-    obj["spec"]["services"]["decode"]["env"] = env
+    obj = graph().add_args("decode", *args).env("decode", *env).obj()
     pod = children_by_key(hooks.sync(obj))[("Deployment", "qwen-pd-decode")]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == grace
 
 
 def test_skip_readiness_probe(hooks) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["decode"]["skipReadinessProbe"] = True
-    obj["spec"]["services"]["server"]["skipReadinessProbe"] = True
+    obj = graph().service("decode", skipReadinessProbe=True).service("server", skipReadinessProbe=True).obj()
     answer = hooks.sync(obj)
     probes = {"startupProbe", "livenessProbe", "readinessProbe"}
     assert not probes & set(container(answer, "qwen-pd-decode"))
@@ -484,28 +471,31 @@ def test_skip_readiness_probe(hooks) -> None:
 
 
 def test_startup_budget_follows_the_wrappers_model_load_timeout(hooks) -> None:
-    obj = pd_parent()
-    obj["spec"]["services"]["decode"]["env"] = [{"name": "INFERA_ENGINE_READY_TIMEOUT", "value": "14400"}]
+    obj = graph().env("decode", {"name": "INFERA_ENGINE_READY_TIMEOUT", "value": "14400"}).obj()
     main = container(hooks.sync(obj), "qwen-pd-decode")
     assert main["startupProbe"]["failureThreshold"] == 1470  # (14400 + 300) / 10: never under the wrapper's wait
     assert {"name": "INFERA_ENGINE_READY_TIMEOUT", "value": "14400"} in main["env"]
 
 
 def test_pod_metadata_propagation(hooks) -> None:
-    obj = pd_parent()
-    obj["metadata"]["labels"] = {
-        "infera.amd.com/team": "search",
-        "inferaTier": "gold",
-        "team": "not-propagated",
-        "infera.amd.com/service": "spoofed",
-    }
-    obj["metadata"]["annotations"] = {
-        "infera.amd.com/owner": "alice",
-        "kubectl.kubernetes.io/last-applied-configuration": "{}",
-    }
-    decode = obj["spec"]["services"]["decode"]
-    decode["podLabels"] = {"inferaTier": "silver", "rack": "r7", "infera.amd.com/deployment": "spoofed"}
-    decode["podAnnotations"] = {"infera.amd.com/owner": "bob", "prometheus.io/scrape": "true"}
+    obj = (
+        graph()
+        .labels(
+            {
+                "infera.amd.com/team": "search",
+                "inferaTier": "gold",
+                "team": "not-propagated",
+                "infera.amd.com/service": "spoofed",
+            }
+        )
+        .annotations({"infera.amd.com/owner": "alice", "kubectl.kubernetes.io/last-applied-configuration": "{}"})
+        .service(
+            "decode",
+            podLabels={"inferaTier": "silver", "rack": "r7", "infera.amd.com/deployment": "spoofed"},
+            podAnnotations={"infera.amd.com/owner": "bob", "prometheus.io/scrape": "true"},
+        )
+        .obj()
+    )
     answer = hooks.sync(obj)
     template = children_by_key(answer)[("Deployment", "qwen-pd-decode")]["spec"]["template"]["metadata"]
     assert template == {
@@ -527,7 +517,7 @@ def test_pod_metadata_propagation(hooks) -> None:
 
 
 def test_v1_and_v2_requests_answer_the_same(hooks) -> None:
-    obj = pd_parent()
+    obj = graph().obj()
     first = hooks.sync(obj, version="v2")
     deployment = copy.deepcopy(children_by_key(first)[("Deployment", "qwen-pd-server")])
     deployment["metadata"]["namespace"] = "ml"
@@ -541,7 +531,7 @@ def test_v1_and_v2_requests_answer_the_same(hooks) -> None:
 
 
 def test_same_request_gives_byte_identical_answers(hooks) -> None:
-    obj = pd_parent()
+    obj = graph().obj()
     # The status the parent already has, so no condition changes and no clock is read.
     obj["status"] = hooks.sync(obj)["status"]
     body = request_body(obj)
