@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 
 from tests.support.argv import entry_point
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import SHARED, need_schemas, need_upstream
-from tests.support.requests import PD, as_vllm, children_by_key, controller, load_yaml, parent, request_body
+from tests.support.requests import PD, children_by_key, controller, load_yaml, parent, request_body
 from tests.support.simulator import Metacontroller
 
 WITH_GAIE = controller("gaie")
@@ -18,10 +19,9 @@ KV_EVENTS = {"--kv-event-transport": "nats", "--nats-server": "nats://qwen-pd-na
 NATS = {"--request-transport": "nats", **KV_EVENTS}
 
 
-def gaie_pd(**gaie: Any) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["spec"]["gaie"] = {**GAIE, **gaie}
-    return obj
+def gaie_pd(**gaie: Any) -> GraphBuilder:
+    """The PD graph behind the gateway: GAIE, with `gaie` on top."""
+    return graph().gaie(**(GAIE | gaie))
 
 
 def sync(hooks, obj: dict[str, Any], composite: dict[str, Any] = WITH_GAIE) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def pod_templates(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_gaie_objects(hooks) -> None:
-    answer = sync(hooks, gaie_pd(hostnames=["qwen.example.com"], gatewayNamespace="gateways"))
+    answer = sync(hooks, gaie_pd(hostnames=["qwen.example.com"], gatewayNamespace="gateways").obj())
     children = children_by_key(answer)
     epp = children[("Deployment", "qwen-pd-epp")]
     pod = epp["spec"]["template"]["spec"]
@@ -103,7 +103,7 @@ def test_gaie_objects(hooks) -> None:
 
 
 def test_route_defaults_to_own_namespace_and_epp_image_override(hooks) -> None:
-    children = children_by_key(sync(hooks, gaie_pd(eppImage="example.com/epp:v2")))
+    children = children_by_key(sync(hooks, gaie_pd(eppImage="example.com/epp:v2").obj()))
     assert children[("HTTPRoute", "qwen-pd-route")]["spec"]["parentRefs"][0]["namespace"] == "ml"
     assert "hostnames" not in children[("HTTPRoute", "qwen-pd-route")]["spec"]
     assert (
@@ -115,9 +115,12 @@ def test_route_defaults_to_own_namespace_and_epp_image_override(hooks) -> None:
 
 
 def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
-    obj = gaie_pd()
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
-    obj["spec"]["services"]["server"]["podLabels"] = {"infera.amd.com/gaie-frontend": "true"}  # cannot opt in
+    obj = (
+        gaie_pd()
+        .nodes(decode=2)
+        .service("server", podLabels={"infera.amd.com/gaie-frontend": "true"})  # cannot opt in
+        .obj()
+    )
     answer = sync(hooks, obj, WITH_ALL)
     selector = children_by_key(answer)[("InferencePool", "qwen-pd-pool")]["spec"]["selector"]["matchLabels"]
     selected = {
@@ -132,7 +135,7 @@ def test_pool_selects_exactly_the_pods_with_the_sidecar(hooks) -> None:
 
 
 def test_frontend_sidecar_and_direct_router(hooks) -> None:
-    answer = sync(hooks, gaie_pd(frontendPort=8100))
+    answer = sync(hooks, gaie_pd(frontendPort=8100).obj())
     (main, sidecar) = children_by_key(answer)[("Deployment", "qwen-pd-prefill")]["spec"]["template"]["spec"][
         "containers"
     ]
@@ -160,14 +163,14 @@ def test_frontend_sidecar_and_direct_router(hooks) -> None:
 
 
 def test_frontend_port_must_not_clash_with_a_worker(hooks) -> None:
-    status = hooks.sync(gaie_pd(frontendPort=30000))["status"]
+    status = hooks.sync(gaie_pd(frontendPort=30000).obj())["status"]
     assert status["state"] == "failed"
     assert "gaie.frontendPort 30000 is also services.decode's port" in status["message"]
 
 
 def test_status_rolls_up_gateway_readiness(hooks) -> None:
     need_schemas()
-    mc = Metacontroller(hooks, gaie_pd(), composite=WITH_GAIE)
+    mc = Metacontroller(hooks, gaie_pd().obj(), composite=WITH_GAIE)
     mc.converge()
     mc.mark_ready()
     mc.converge()
@@ -202,7 +205,7 @@ def test_status_rolls_up_gateway_readiness(hooks) -> None:
 
 def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> None:
     need_schemas()
-    mc = Metacontroller(hooks, gaie_pd(hostnames=["a.example.com"]), composite=WITH_GAIE)
+    mc = Metacontroller(hooks, gaie_pd(hostnames=["a.example.com"]).obj(), composite=WITH_GAIE)
     mc.converge()
     mc.edit(lambda spec: spec["gaie"].pop("hostnames"))
     assert mc.child_writes(mc.sync()) == [("update", "HTTPRoute", "qwen-pd-route")]
@@ -245,7 +248,7 @@ def test_turning_gaie_off_and_dropping_hostnames_prune_exactly_that(hooks) -> No
 
 def test_unregistered_gaie_kinds_are_withheld_with_a_reason(hooks) -> None:
     # The base bundle registers neither InferencePool nor HTTPRoute.
-    answer = hooks.hook("/sync", request_body(gaie_pd(), composite=controller()))
+    answer = hooks.hook("/sync", request_body(gaie_pd().obj(), composite=controller()))
     kinds = {c["kind"] for c in answer["children"]}
     assert not kinds & {"InferencePool", "HTTPRoute"}
     assert ("Deployment", "qwen-pd-epp") not in children_by_key(answer)  # the gateway part is withheld as a unit
@@ -281,13 +284,13 @@ def test_upstream_gaie_sample_renders(hooks) -> None:
     ],
 )
 def test_gateway_references_are_validated(hooks, gaie: dict, field: str) -> None:
-    status = hooks.sync(gaie_pd(**gaie))["status"]
+    status = hooks.sync(gaie_pd(**gaie).obj())["status"]
     assert status["state"] == "failed" and f"invalid spec: {field}: String should match pattern" in status["message"]
 
 
 def test_a_stale_acceptance_does_not_count(hooks) -> None:
     need_schemas()
-    mc = Metacontroller(hooks, gaie_pd(), composite=WITH_GAIE)
+    mc = Metacontroller(hooks, gaie_pd().obj(), composite=WITH_GAIE)
     mc.converge()
     mc.mark_ready()
     mc.gateway_accepts()
@@ -300,11 +303,11 @@ def test_a_stale_acceptance_does_not_count(hooks) -> None:
 
 def test_frontend_port_must_not_be_one_the_worker_binds(hooks) -> None:
     """The sidecar shares the worker's network: SGLang's KV snapshot server binds 8801 by default."""
-    status = sync(hooks, gaie_pd(frontendPort=8801))["status"]
+    status = sync(hooks, gaie_pd(frontendPort=8801).obj())["status"]
     assert status["state"] == "failed"
     assert (
         "services.decode: containers infera and infera-frontend would both listen on port 8801 in one pod: "
         "choose another gaie.frontendPort"
     ) in status["message"]
     # vLLM binds no such port: the same frontendPort is fine there.
-    assert sync(hooks, as_vllm(gaie_pd(frontendPort=8801)))["status"]["state"] == "initializing"
+    assert sync(hooks, gaie_pd(frontendPort=8801).vllm().obj())["status"]["state"] == "initializing"

@@ -14,8 +14,9 @@ import pytest
 
 from hooks.api.graph import InferaDeployment
 from hooks.renderers import model_cache
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.pod_security import RESTRICTED_CONTAINER
-from tests.support.requests import PD, children_by_key, parent
+from tests.support.requests import children_by_key
 from tests.support.simulator import Metacontroller
 
 SOURCE = "hf://Qwen/Qwen3-0.6B"
@@ -23,14 +24,15 @@ CLAIM = ("PersistentVolumeClaim", "qwen-pd-models")
 WORKERS = [("Deployment", "qwen-pd-decode"), ("Deployment", "qwen-pd-prefill")]
 
 
-def cached(**cache: Any) -> dict[str, Any]:
-    """The PD graph served from the model cache: its workers load /models/Qwen3-0.6B."""
-    obj = parent(PD)
-    obj["spec"]["modelCache"] = {"source": SOURCE, "size": "20Gi", **cache}
-    for pool in ("prefill", "decode"):
-        args = obj["spec"]["services"][pool]["args"]
-        args[args.index("--model-path") + 1] = "/models/Qwen3-0.6B"
-    return obj
+def cached(**cache: Any) -> GraphBuilder:
+    """The PD graph served from the model cache (SOURCE, 20Gi, `cache` on top): its workers load
+    /models/Qwen3-0.6B."""
+    return (
+        graph()
+        .model_cache(**({"source": SOURCE, "size": "20Gi"} | cache))
+        .arg("prefill", "--model-path", "/models/Qwen3-0.6B")
+        .arg("decode", "--model-path", "/models/Qwen3-0.6B")
+    )
 
 
 def jobs(mc: Metacontroller) -> list[str]:
@@ -61,14 +63,14 @@ def mount(mc: Metacontroller, name: str) -> dict[str, Any]:
 
 
 def model_cache_digest(repo: str, revision: str | None) -> str:
-    obj = cached(source=f"hf://{repo}" + (f"@{revision}" if revision else ""))
+    obj = cached(source=f"hf://{repo}" + (f"@{revision}" if revision else "")).obj()
     cache = InferaDeployment.from_parent(obj).spec.model_cache
     assert cache is not None
     return cache.digest
 
 
 def test_workers_wait_for_the_download_then_mount_it_read_only(hooks) -> None:
-    mc = Metacontroller(hooks, cached())
+    mc = Metacontroller(hooks, cached().obj())
     mc.converge()
     job = "qwen-pd-download-" + model_cache_digest("Qwen/Qwen3-0.6B", None)
     assert jobs(mc) == [job]
@@ -111,13 +113,15 @@ def test_workers_wait_for_the_download_then_mount_it_read_only(hooks) -> None:
 def test_a_patched_worker_pool_waits_for_the_download_too(hooks) -> None:
     """A patch may name a worker pool that waits for the weights: the graph downloads, then the
     pool is created patched (it once failed the graph for good: no such child was rendered)."""
-    obj = cached()
-    obj["spec"]["patches"] = [
-        {
-            "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-            "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/team": "infer"}}],
-        }
-    ]
+    obj = (
+        cached()
+        .patch(
+            "Deployment",
+            "qwen-pd-decode",
+            {"op": "add", "path": "/metadata/annotations", "value": {"example.com/team": "infer"}},
+        )
+        .obj()
+    )
     mc = Metacontroller(hooks, obj)
     mc.converge()
     assert mc.parent["status"]["state"] == "pending"
@@ -128,9 +132,8 @@ def test_a_patched_worker_pool_waits_for_the_download_too(hooks) -> None:
 
 
 def test_a_mistake_in_a_waiting_worker_pool_fails_before_the_download(hooks) -> None:
-    obj = cached()
     port = {"name": "main", "ports": [{"containerPort": 70000}]}
-    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"containers": [port]}
+    obj = cached().extra_pod_spec("decode", containers=[port]).obj()
     mc = Metacontroller(hooks, obj)
     mc.converge()
     assert mc.children == {}  # nothing starts, not even the download
@@ -158,8 +161,11 @@ def test_the_job_name_changes_exactly_with_the_source() -> None:
 def test_the_claim_and_the_job_as_rendered(hooks) -> None:
     """Strictly valid (hooks.sync validates each child), hardened, retried a few times, and
     never deleted by a TTL (a Job the hook answers would be created again, downloading again)."""
-    obj = cached(storageClassName="fast-rwx", tokenSecretRef={"name": "hf-token", "key": "HF_TOKEN"})
-    obj["spec"]["services"]["decode"]["replicas"] = 2
+    obj = (
+        cached(storageClassName="fast-rwx", tokenSecretRef={"name": "hf-token", "key": "HF_TOKEN"})
+        .replicas(decode=2)
+        .obj()
+    )
     children = children_by_key(hooks.sync(obj))
     assert children[CLAIM]["spec"] == {
         "accessModes": ["ReadWriteMany"],  # two decode pods may sit on two nodes
@@ -184,7 +190,7 @@ def test_the_claim_and_the_job_as_rendered(hooks) -> None:
 
 
 def test_a_new_source_downloads_beside_the_running_graph_then_rolls_the_workers(hooks) -> None:
-    mc = Metacontroller(hooks, cached())
+    mc = Metacontroller(hooks, cached().obj())
     mc.converge()
     (old,) = jobs(mc)
     finish(mc, old)
@@ -206,7 +212,7 @@ def test_a_new_source_downloads_beside_the_running_graph_then_rolls_the_workers(
 
 
 def test_a_failed_download_fails_the_graph_and_keeps_what_runs(hooks) -> None:
-    mc = Metacontroller(hooks, cached())
+    mc = Metacontroller(hooks, cached().obj())
     mc.converge()
     (old,) = jobs(mc)
     finish(mc, old)
@@ -227,7 +233,7 @@ def test_a_failed_download_fails_the_graph_and_keeps_what_runs(hooks) -> None:
 
 
 def test_the_claim_keeps_what_cannot_change_and_grows(hooks) -> None:
-    mc = Metacontroller(hooks, cached())
+    mc = Metacontroller(hooks, cached().obj())
     mc.converge()
     mc.edit(lambda spec: spec["modelCache"].update(size="40Gi"))
     assert mc.child_writes(mc.sync()) == [("update", *CLAIM)]
@@ -241,7 +247,7 @@ def test_the_claim_keeps_what_cannot_change_and_grows(hooks) -> None:
 
 @pytest.mark.parametrize("retain", [False, True])
 def test_teardown_removes_the_download_after_the_workers_and_keeps_the_claim_if_asked(hooks, retain: bool) -> None:
-    mc = Metacontroller(hooks, cached(retainStorage=retain))
+    mc = Metacontroller(hooks, cached(retainStorage=retain).obj())
     mc.converge()
     (job,) = jobs(mc)
     finish(mc, job)
@@ -271,7 +277,7 @@ def test_the_download_command_writes_its_marker_last_and_only_on_success(tmp_pat
         "    assert not (pathlib.Path(local_dir).parent / '.complete').exists()\n"
         "    (pathlib.Path(local_dir) / 'config.json').write_text(repo_id + '@' + str(revision))\n"
     )
-    idep = InferaDeployment.from_parent(cached(source=f"{SOURCE}@main"))
+    idep = InferaDeployment.from_parent(cached(source=f"{SOURCE}@main").obj())
     (container,) = model_cache.download_job(idep)["spec"]["template"]["spec"]["containers"]
     cache = tmp_path / "cache"
     env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
@@ -294,27 +300,26 @@ def test_the_default_downloader_calls_snapshot_download_as_huggingface_hub_defin
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("cache", "message"),
     [
-        (lambda spec: spec["modelCache"].update(source="s3://bucket/model"), "modelCache.source"),
-        (lambda spec: spec["modelCache"].update(mountPath="/dev/shm"), "mountPath must be an absolute path without"),
-        (lambda spec: spec["modelCache"].update(size="0"), "modelCache.size must be more than 0"),
-        (lambda spec: spec["modelCache"].update(mountPath="/dev"), "mountPath must be an absolute path without"),
-        (lambda spec: spec["modelCache"].update(mountPath="/models/.."), "mountPath must be an absolute path without"),
-        (lambda spec: spec.pop("image"), "modelCache needs an image for its download Job"),
-        (lambda spec: spec["services"].update(models={"componentType": "worker"}), "service name models is reserved"),
+        (cached(source="s3://bucket/model"), "modelCache.source"),
+        (cached(mountPath="/dev/shm"), "mountPath must be an absolute path without"),
+        (cached(size="0"), "modelCache.size must be more than 0"),
+        (cached(mountPath="/dev"), "mountPath must be an absolute path without"),
+        (cached(mountPath="/models/.."), "mountPath must be an absolute path without"),
+        (cached().image(None), "modelCache needs an image for its download Job"),
+        (cached().worker("models"), "service name models is reserved"),
     ],
 )
-def test_a_bad_model_cache_fails_in_status(hooks, change, message: str) -> None:
-    obj = cached()
-    change(obj["spec"])
+def test_a_bad_model_cache_fails_in_status(hooks, cache: GraphBuilder, message: str) -> None:
+    obj = cache.obj()
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed" and message in status["message"]
 
 
 def test_a_failed_download_is_retried_when_the_spec_renders_its_job_anew(hooks) -> None:
     """A gated repository without its token fails; adding the token replaces the failed Job."""
-    mc = Metacontroller(hooks, cached(source="hf://meta-llama/Llama-3.1-8B"))
+    mc = Metacontroller(hooks, cached(source="hf://meta-llama/Llama-3.1-8B").obj())
     mc.converge()
     (job,) = jobs(mc)
     finish(mc, job, complete=False)
@@ -332,11 +337,9 @@ def test_a_failed_download_is_retried_when_the_spec_renders_its_job_anew(hooks) 
 
 def test_the_default_access_mode_counts_every_worker_pod(hooks) -> None:
     """Two pools of one pod each may sit on two nodes: a single-node claim would not attach."""
-    claim = children_by_key(hooks.sync(cached()))[CLAIM]
+    claim = children_by_key(hooks.sync(cached().obj()))[CLAIM]
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    single = cached()
-    single["spec"]["services"].pop("prefill")
-    single["spec"]["services"]["decode"]["role"] = "mixed"
+    single = cached().without("prefill").service("decode", role="mixed").obj()
     children = children_by_key(hooks.sync(single))
     assert children[CLAIM]["spec"]["accessModes"] == ["ReadWriteOnce"]
     # Then a new source's download prefers the node the worker (and the claim) is on.

@@ -4,7 +4,8 @@ where the CompositeController does not register it."""
 
 from typing import Any
 
-from tests.graph.test_blue_green import blue_green, checked_sync, new_image
+from tests.graph.test_blue_green import checked_sync, new_image
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import need_schemas
 from tests.support.requests import PD, children_by_key, controller, parent, request_body
 from tests.support.simulator import Metacontroller
@@ -12,15 +13,14 @@ from tests.support.simulator import Metacontroller
 WITH_MONITORING = controller("monitoring")
 
 
-def monitored(**monitoring: Any) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["spec"]["monitoring"] = monitoring
-    return obj
+def monitored(**monitoring: Any) -> GraphBuilder:
+    """The PD graph with spec.monitoring `monitoring`."""
+    return graph().monitoring(**monitoring)
 
 
 def test_the_pod_monitor_converges_and_goes_with_monitoring(hooks) -> None:
     need_schemas()
-    mc = Metacontroller(hooks, monitored(), composite=WITH_MONITORING)
+    mc = Metacontroller(hooks, monitored().obj(), composite=WITH_MONITORING)
     mc.converge()
     assert mc.sync() == []
     assert ("PodMonitor", "qwen-pd-metrics") in mc.children
@@ -41,7 +41,7 @@ def test_the_pod_monitor_converges_and_goes_with_monitoring(hooks) -> None:
 
 
 def test_an_unregistered_pod_monitor_is_withheld_with_a_reason(hooks) -> None:
-    answer = hooks.hook("/sync", request_body(monitored(), composite=controller()))
+    answer = hooks.hook("/sync", request_body(monitored().obj(), composite=controller()))
     assert answer["status"]["state"] == "failed"
     assert answer["status"]["message"] == (
         "PodMonitor qwen-pd-metrics cannot be created: this CompositeController does not register PodMonitor "
@@ -56,7 +56,7 @@ def test_an_unregistered_pod_monitor_is_withheld_with_a_reason(hooks) -> None:
 def test_teardown_removes_the_pod_monitor_with_the_plane(hooks) -> None:
     """Prometheus sees the workers drain: the PodMonitor goes with the broker, after them."""
     need_schemas()
-    mc = Metacontroller(hooks, monitored(), composite=WITH_MONITORING)
+    mc = Metacontroller(hooks, monitored().obj(), composite=WITH_MONITORING)
     mc.converge()
     for _ in range(8):
         writes = mc.finalize()
@@ -76,7 +76,7 @@ def test_one_pod_monitor_watches_both_generations_of_a_blue_green_rollout(hooks)
     switches and drains generations without writing it, and its series say which generation
     they come from by the pods' label."""
     need_schemas()
-    mc = Metacontroller(hooks, blue_green(monitored()), composite=WITH_MONITORING).serve()
+    mc = Metacontroller(hooks, monitored().blue_green().obj(), composite=WITH_MONITORING).serve()
     pod_monitor = mc.children[("PodMonitor", "qwen-pd-metrics")]
     mc.edit(new_image)
     writes = []

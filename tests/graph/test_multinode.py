@@ -5,8 +5,9 @@ from typing import Any
 import pytest
 
 from tests.support.argv import entry_point, flags
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import need_schemas
-from tests.support.requests import PD, as_vllm, controller, parent, request_body
+from tests.support.requests import PD, controller, request_body
 from tests.support.simulator import Metacontroller
 
 WITH_LWS = controller("lws")
@@ -14,11 +15,9 @@ WITH_LWS = controller("lws")
 RENDEZVOUS = {"--nnodes", "--node-rank", "--dist-init-addr"}
 
 
-def multinode_pd(nodes: int = 2, **decode: Any) -> dict[str, Any]:
+def multinode_pd(nodes: int = 2, **decode: Any) -> GraphBuilder:
     """Single-node prefill, a decode pool spanning `nodes` nodes per group."""
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"].update(numberOfNodes=nodes, **decode)
-    return obj
+    return graph().service("decode", numberOfNodes=nodes, **decode)
 
 
 def sync_lws(hooks, obj: dict[str, Any]) -> dict[str, Any]:
@@ -32,7 +31,7 @@ def lws_of(answer: dict[str, Any], name: str = "qwen-pd-decode") -> dict[str, An
 
 
 def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
-    answer = sync_lws(hooks, multinode_pd(replicas=2))
+    answer = sync_lws(hooks, multinode_pd(replicas=2).obj())
     kinds = sorted(
         (c["kind"], c["metadata"]["name"])
         for c in answer["children"]
@@ -64,7 +63,7 @@ def test_two_pool_graph_with_one_multinode_pool(hooks) -> None:
 
 
 def test_leader_keeps_readiness_and_workers_carry_none(hooks) -> None:
-    template = lws_of(sync_lws(hooks, multinode_pd()))["spec"]["leaderWorkerTemplate"]
+    template = lws_of(sync_lws(hooks, multinode_pd().obj()))["spec"]["leaderWorkerTemplate"]
     (leader,) = template["leaderTemplate"]["spec"]["containers"]
     (worker,) = template["workerTemplate"]["spec"]["containers"]
     probes = ("startupProbe", "livenessProbe", "readinessProbe")
@@ -87,14 +86,14 @@ def test_leader_keeps_readiness_and_workers_carry_none(hooks) -> None:
 
 
 def test_skip_readiness_probe_applies_to_the_leader(hooks) -> None:
-    template = lws_of(sync_lws(hooks, multinode_pd(skipReadinessProbe=True)))["spec"]["leaderWorkerTemplate"]
+    template = lws_of(sync_lws(hooks, multinode_pd(skipReadinessProbe=True).obj()))["spec"]["leaderWorkerTemplate"]
     assert not {"startupProbe", "livenessProbe", "readinessProbe"} & set(
         template["leaderTemplate"]["spec"]["containers"][0]
     )
 
 
 def test_sglang_rendezvous_is_injected(hooks) -> None:
-    template = lws_of(sync_lws(hooks, multinode_pd(nodes=4)))["spec"]["leaderWorkerTemplate"]
+    template = lws_of(sync_lws(hooks, multinode_pd(nodes=4).obj()))["spec"]["leaderWorkerTemplate"]
     for rank in ("leaderTemplate", "workerTemplate"):
         command = template[rank]["spec"]["containers"][0]["command"]
         assert command[-6:] == [
@@ -116,14 +115,11 @@ def test_sglang_rendezvous_is_injected(hooks) -> None:
     ],
 )
 def test_rendezvous_flags_the_user_sets_are_left_to_them(hooks, user_args: list[str], injected: list[str]) -> None:
-    obj = multinode_pd()
-    obj["spec"]["services"]["decode"]["args"] = [
-        "--model-path",
-        "m",
-        "--disaggregation-transfer-backend",
-        "mori",
-        *user_args,
-    ]
+    obj = (
+        multinode_pd()
+        .args("decode", "--model-path", "m", "--disaggregation-transfer-backend", "mori", *user_args)
+        .obj()
+    )
     (main,) = lws_of(sync_lws(hooks, obj))["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]
     options = entry_point(main["command"])[1]
     assert {flag: options[flag] for flag in RENDEZVOUS if flag in options} == flags(injected)
@@ -131,7 +127,7 @@ def test_rendezvous_flags_the_user_sets_are_left_to_them(hooks, user_args: list[
 
 
 def test_vllm_gets_no_rendezvous_flags(hooks) -> None:
-    obj = as_vllm(multinode_pd())
+    obj = multinode_pd().vllm().obj()
     (main,) = lws_of(sync_lws(hooks, obj))["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"]
     module, options = entry_point(main["command"])
     assert module == "infera.engine.vllm"
@@ -139,7 +135,7 @@ def test_vllm_gets_no_rendezvous_flags(hooks) -> None:
 
 
 def test_readiness_rolls_up_from_lws_groups(hooks) -> None:
-    mc = Metacontroller(hooks, multinode_pd(replicas=2), composite=WITH_LWS)
+    mc = Metacontroller(hooks, multinode_pd(replicas=2).obj(), composite=WITH_LWS)
     mc.converge()
     mc.mark_ready(lambda kind, name: 1 if kind == "LeaderWorkerSet" else None)
     mc.converge()
@@ -210,8 +206,7 @@ def test_unregistered_kind_keeps_that_service_and_renders_the_rest(hooks) -> Non
 
 
 def test_multinode_server_is_rejected(hooks) -> None:
-    obj = parent(PD)
-    obj["spec"]["services"]["server"]["numberOfNodes"] = 2
+    obj = graph().nodes(server=2).obj()
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed"
     assert "numberOfNodes applies to workers only" in status["message"]
@@ -219,7 +214,7 @@ def test_multinode_server_is_rejected(hooks) -> None:
 
 def test_changing_the_group_size_replaces_the_lws(hooks) -> None:
     """The simulator fails any in-place size change, as older LeaderWorkerSet webhooks do."""
-    mc = Metacontroller(hooks, multinode_pd(nodes=2), composite=WITH_LWS)
+    mc = Metacontroller(hooks, multinode_pd(nodes=2).obj(), composite=WITH_LWS)
     mc.converge()
     mc.mark_ready()
     mc.converge()
