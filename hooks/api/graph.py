@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 from hooks.api.env import EnvVar
 from hooks.api.fields import ApiModel, ImageReference, SpecError
 from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, MonitoringSpec, NatsSpec, RolloutSpec
-from hooks.api.names import problems as name_problems
+from hooks.api.name_rules import problems as name_problems
 from hooks.api.network import NetworkPolicySpec
 from hooks.api.rules import (
     BLUE_GREEN_DISCOVERY_RULE,

@@ -1,21 +1,17 @@
 """Every name the hook gives a child, and the names the LeaderWorkerSet controller makes of them:
-the limit each kind's name has and why, and the rules derived from this one table.
+the limit each kind's name has and why, and when a graph has children of each name.
 
 Children are named <metadata.name>-<something>, so two graphs can arrive at the same name: graph
-`a` with a service `b-nats` would own the Service `a-b-nats`, the broker of graph `a-b`. Two
-rules follow from the table, each checked twice with the same words (by the API server as CEL,
-at `kubectl apply`, and by the hook, for objects stored before the CRD had it):
-
-- every name fits the limit of every kind that bears it (LENGTH_RULES);
-- no service's name ends in what makes another graph's child of a kind the service's own
-  children have (CLAIM_RULES): that child would be taken, or its name taken from it.
+`a` with a service `b-nats` would own the Service `a-b-nats`, the broker of graph `a-b`. This is
+the one table of those names (NAMES) and of each kind's limit (KIND_LIMITS), with each name's
+condition in words, as CEL and as the hook reads a spec; hooks/api/name_rules.py derives from it
+the rules that keep a graph's names within their limits and clear of other graphs'.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -36,7 +32,7 @@ from hooks.vocabulary import (
 
 
 # What the table reads of a spec: protocols, not the API's types, which are built from its rules
-# (hooks/api/rules.py takes its length and claim rules from here).
+# (hooks/api/name_rules.py derives the length and claim rules that hooks/api/rules.py takes).
 class _Switch(Protocol):
     @property
     def deploy(self) -> bool: ...
@@ -315,178 +311,3 @@ NAMES = (
     Name(MODELS_SUFFIX, ("PersistentVolumeClaim",), WITH_MODEL_CACHE, "the model cache"),
     Name(f"{DOWNLOAD_SUFFIX}-{{digest}}", ("Job",), WITH_MODEL_CACHE, "the model cache's download"),
 )
-
-
-def listed(words: list[str] | tuple[str, ...]) -> str:
-    """`a`, `a and b`, `a, b and c`."""
-    return " and ".join(filter(None, [", ".join(words[:-1]), words[-1]]))
-
-
-def cel_string(text: str) -> str:
-    """`text` as a CEL string literal (JSON's escapes are CEL's)."""
-    return json.dumps(text)
-
-
-# Where the API server says a rule on the services' names failed (on the whole object, where the
-# rules are, it would say <nil>).
-SERVICES = ".spec.services"
-
-
-def _cel_guard(cel: str) -> str:
-    return f"!({cel}) || " if cel else ""
-
-
-@dataclass(frozen=True)
-class LengthRule:
-    """The names `name` stands for fit their limit: <metadata.name>-<service> (metadata.name, for
-    a name of the graph's own) is at most `longest` characters."""
-
-    name: Name
-
-    @property
-    def longest(self) -> int:
-        limit = self.name.limit
-        assert limit is not None
-        return limit - self.name.extra + (len("-") if self.name.per_service else 0)
-
-    @property
-    def message(self) -> str:
-        name = self.name
-        subject = "<metadata.name>-<service>" if name.per_service else "metadata.name"
-        made = f" which {name.made_by} makes," if name.made_by else ""
-        fix = ": shorten the InferaDeployment or the service name" if name.per_service else ""
-        return (
-            f"{subject} must be at most {self.longest} characters{name.when.words} (the {listed(name.bound_kinds)} "
-            f"of {name.what}, {name.pattern},{made} must fit in {name.limit}: {name.why}){fix}"
-        )
-
-    def validation(self) -> dict[str, str]:
-        guard = _cel_guard(self.name.when.cel)
-        fits = f"size(self.metadata.name) + {self.name.extra}"
-        if not self.name.per_service:
-            return {"rule": f"{guard}{fits} <= {self.name.limit}", "message": self.message}
-        rule = f"self.spec.services.all(s, {guard}{fits} + size(s) <= {self.name.limit})"
-        return {"rule": rule, "message": self.message, "fieldPath": SERVICES}
-
-    def problems(self, graph: str, spec: GraphSpec) -> Iterator[str]:
-        if not self.name.when.graph(spec):
-            return
-        if self.name.per_service:
-            named = [
-                f"{graph}-{service}" for service, svc in sorted(spec.services.items()) if self.name.when.service(svc)
-            ]
-        else:
-            named = [graph]
-        for subject in named:
-            if len(subject) > self.longest:
-                yield f"{self.message} ({subject} has {len(subject)})"
-
-
-def _length_rules() -> tuple[LengthRule, ...]:
-    """A rule for each name whose limit a graph can outgrow, unless another name under the same
-    condition holds it to as little or less."""
-    rules: list[LengthRule] = []
-    for name in NAMES:
-        if name.limit is None:
-            continue
-        rule = LengthRule(name)
-        # metadata.name is a DNS label: a name of a few characters more fits a subdomain.
-        if not name.per_service and rule.longest >= DNS_LABEL_MAX:
-            continue
-        alike = [other for other in rules if (other.name.when, other.name.per_service) == (name.when, name.per_service)]
-        if any(other.longest <= rule.longest for other in alike):
-            continue
-        rules = [other for other in rules if other not in alike] + [rule]
-    return tuple(rules)
-
-
-LENGTH_RULES = _length_rules()
-
-
-@dataclass(frozen=True)
-class ClaimRule:
-    """No service's name ends in `tail` where that makes its children's name one that `other`
-    (another graph's children, or this graph's under another service) has, in a kind of `kinds`
-    that both have: one graph's child would stand where the other's should. `when` says which
-    services' children share the kind."""
-
-    tail: str  # a template's end: -nats, -{generation}
-    other: Name
-    kinds: tuple[str, ...]
-    when: When
-
-    @property
-    def regex(self) -> re.Pattern[str]:
-        """What the end of a service's name matches: a placeholder may also be the whole name."""
-        ending = "".join(
-            PLACEHOLDERS[part].regex if part in PLACEHOLDERS else re.escape(part)
-            for part in re.split(f"({PLACEHOLDER.pattern})", self.tail.removeprefix("-"))
-        )
-        return re.compile(f"(^|-){ending}$" if self.tail[1:].startswith("{") else f"-{ending}$")
-
-    def message(self, graph: str, service: str) -> str:
-        ending = PLACEHOLDER.sub(lambda m: PLACEHOLDERS[m.group()].shown, self.tail)
-        varying = [PLACEHOLDERS[part].words for part in PLACEHOLDER.findall(self.tail)]
-        if varying:
-            ending += f" ({listed(varying)})"
-        return (
-            f"service name '{service}' ends in {ending}{self.when.words}: its children, {graph}-{service}, would "
-            f"have the name of the {listed(self.kinds)} of {self.other.what} ({self.other.pattern}) in another "
-            "InferaDeployment (or this one), and one would stand in for the other; rename the service"
-        )
-
-    def validation(self) -> dict[str, str]:
-        literal = not PLACEHOLDER.search(self.tail)
-        matches = f"s.endsWith({cel_string(self.tail)})" if literal else f"s.matches({cel_string(self.regex.pattern)})"
-        claimed = f"{self.when.service_cel} && {matches}" if self.when.service_cel else matches
-        first = f"self.spec.services.filter(s, {claimed})[0]"
-        # The message, with the graph's name and the first such service put in by CEL.
-        pieces = re.split("(\x00[a-z]+\x00)", self.message("\x00graph\x00", "\x00service\x00"))
-        expressions = {"\x00graph\x00": "self.metadata.name", "\x00service\x00": first}
-        return {
-            "rule": f"self.spec.services.all(s, {_cel_guard(self.when.service_cel)}!{matches})",
-            "message": self.message("<metadata.name>", "<service>"),
-            "messageExpression": " + ".join(expressions.get(piece) or cel_string(piece) for piece in pieces if piece),
-            "fieldPath": SERVICES,
-        }
-
-    def problems(self, graph: str, spec: GraphSpec) -> Iterator[str]:
-        for service, svc in sorted(spec.services.items()):
-            if self.when.service(svc) and self.regex.search(service):
-                yield self.message(graph, service)
-
-
-def _claim_rules() -> tuple[ClaimRule, ...]:
-    """A rule for each end of a name that a service's own children could arrive at with a kind
-    they have, unless it ends in a shorter such end."""
-    services = [name for name in NAMES if name.template == SERVICE]
-    candidates = []
-    for other in NAMES:
-        if other.template == SERVICE:
-            continue
-        owners = [own for own in services if set(own.kinds) & set(other.kinds)]
-        if not owners:
-            continue
-        tail = other.template.removeprefix(SERVICE) if other.per_service else f"-{other.template}"
-        kinds = tuple(kind for kind in other.kinds if any(kind in own.kinds for own in owners))
-        # Every service has such children when a name every service has is of one of the kinds.
-        when = next((own.when for own in owners if not own.when.service_cel), owners[0].when)
-        candidates.append(ClaimRule(tail, other, kinds, when))
-    rules: list[ClaimRule] = []
-    for rule in sorted(candidates, key=lambda candidate: len(candidate.tail)):
-        if not any(rule.tail.endswith(kept.tail) and kept.when in (rule.when, ALWAYS) for kept in rules):
-            rules.append(rule)
-    return tuple(rules)
-
-
-CLAIM_RULES = _claim_rules()
-
-
-# In the order the hook checks them, and the CRD lists them.
-RULES: tuple[ClaimRule | LengthRule, ...] = (*CLAIM_RULES, *LENGTH_RULES)
-
-
-def problems(graph: str, spec: GraphSpec) -> Iterator[str]:
-    """Why the graph's names break a rule of the table, each in the words of its CEL twin."""
-    for rule in RULES:
-        yield from rule.problems(graph, spec)

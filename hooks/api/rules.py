@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ConfigDict
 
+from hooks.api.name_rules import RULES as NAME_RULES
 from hooks.api.names import MAX_GROUPS
-from hooks.api.names import RULES as NAME_RULES
 from hooks.kubernetes_names import DNS_LABEL, shown
 from hooks.vocabulary import MODELS_SUFFIX
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hooks.api import names
+from hooks.api import name_rules
 from hooks.api.rules import AUTOSCALING_RANGE_RULE
 from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
 from tests.support.docs import readme_local_cluster
@@ -119,9 +119,9 @@ def test_the_real_api_server_holds_names_to_the_names_table_in_the_hooks_words(c
     budget (it would refuse the CRD otherwise), and refuse what the hook refuses, each in the
     hook's words: a messageExpression names the service."""
     kubectl = [str(programs()["kubectl"]), "--kubeconfig", str(cluster)]
-    (nats,) = [rule for rule in names.CLAIM_RULES if rule.tail == "-nats"]
-    (generation,) = [rule for rule in names.CLAIM_RULES if rule.tail == "-{generation}"]
-    (pool,) = [rule for rule in names.LENGTH_RULES if rule.name.template == "pool-{generation}"]
+    (nats,) = [rule for rule in name_rules.CLAIM_RULES if rule.tail == "-nats"]
+    (generation,) = [rule for rule in name_rules.CLAIM_RULES if rule.tail == "-{generation}"]
+    (pool,) = [rule for rule in name_rules.LENGTH_RULES if rule.name.template == "pool-{generation}"]
     refusals = [
         (with_service("b-nats"), f"spec.services: Invalid value: {nats.message('qwen-pd', 'b-nats')}"),
         (

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from hooks.api import names, rules
+from hooks.api import name_rules, names, rules
 from hooks.kubernetes_names import DNS_LABEL
 from hooks.vocabulary import CHILD_KINDS
 from tests.support.requests import PD, controller, parent
@@ -45,7 +45,7 @@ def test_every_kind_the_hook_makes_has_a_limit_and_a_name() -> None:
 def test_every_name_a_graph_gets_is_in_the_table_within_its_kinds_limit(hooks: HookClient, graph: dict) -> None:
     status = hooks.sync(graph)["status"]
     if status["state"] == "failed":
-        assert any(rule.message in status["message"] for rule in names.LENGTH_RULES), status["message"]
+        assert any(rule.message in status["message"] for rule in name_rules.LENGTH_RULES), status["message"]
         return
     mc = Metacontroller(hooks, graph)
     for _ in range(2):  # workers that wait for the model download come once it completes
@@ -161,7 +161,7 @@ def test_no_graph_can_give_its_child_the_kind_and_name_of_another_graphs(hooks: 
                 answer = hooks.sync(claiming(other, service, multi_node))
                 if answer["status"]["state"] == "failed":
                     message = answer["status"]["message"]
-                    assert any(r.message(other, service) in message for r in names.CLAIM_RULES), message
+                    assert any(r.message(other, service) in message for r in name_rules.CLAIM_RULES), message
                     continue
                 ours = kinds_by_name({(c["kind"], c["metadata"]["name"]): c for c in answer["children"]})
                 assert not ours.get(name, set()) & kinds, f"{other} with service {service} has {name} as {graph} has"
@@ -187,7 +187,7 @@ def test_a_running_graph_given_another_graphs_plumbing_name_fails_and_keeps_its_
 ) -> None:
     """qwen-pd with a server b-nats would own Service qwen-pd-b-nats, the broker of graph
     qwen-pd-b: its workers would send their prompts and KV events to this graph's pods."""
-    (rule,) = [rule for rule in names.CLAIM_RULES if rule.tail == "-nats"]
+    (rule,) = [rule for rule in name_rules.CLAIM_RULES if rule.tail == "-nats"]
     message = converged.refusal(add_server("b-nats"))
     assert message == f"invalid spec: {rule.message('qwen-pd', 'b-nats')}"
     assert message == (

@@ -348,13 +348,13 @@ def test_the_probe_and_shutdown_figures_are_the_codes() -> None:
 def test_the_names_tables_are_the_hooks() -> None:
     """docs/api.md's Names: every name the hook gives a child, and each kind's limit, as
     hooks/api/names.py holds them."""
-    from hooks.api import names
+    from hooks.api import name_rules, names
 
     text = section(DOCS / "api.md", "Names")
     assert table(text) == [
         [
             f"`{name.pattern}`",
-            names.listed(name.kinds) + (f" (made by {name.made_by})" if name.made_by else ""),
+            name_rules.listed(name.kinds) + (f" (made by {name.made_by})" if name.made_by else ""),
             name.when.words.strip() or "always",
             "no limit" if name.limit is None else str(name.limit),
         ]

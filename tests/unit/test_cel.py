@@ -7,7 +7,7 @@ import celpy
 import pytest
 import yaml
 
-from hooks.api import names, rules
+from hooks.api import name_rules, names, rules
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, load_yaml, parent, upstream_corpus
 
@@ -105,13 +105,13 @@ def blue_green_with(change: Callable[[dict], None]) -> Callable[[dict], None]:
 
 def length_rule(template: str, when: names.When) -> str:
     """The message of the rule the names table derives for names of `template` under `when`."""
-    (rule,) = [rule for rule in names.LENGTH_RULES if (rule.name.template, rule.name.when) == (template, when)]
+    (rule,) = [rule for rule in name_rules.LENGTH_RULES if (rule.name.template, rule.name.when) == (template, when)]
     return rule.message
 
 
 def claim_rule(tail: str, service: str) -> str:
     """The message of the rule against service names ending in `tail`, for `service` of qwen-pd."""
-    (rule,) = [rule for rule in names.CLAIM_RULES if rule.tail == tail]
+    (rule,) = [rule for rule in name_rules.CLAIM_RULES if rule.tail == tail]
     return rule.message("qwen-pd", service)
 
 
