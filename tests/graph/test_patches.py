@@ -4,15 +4,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import need_schemas
-from tests.support.requests import PD, as_vllm, controller, parent, request_body
+from tests.support.requests import PD, controller, request_body
 from tests.support.simulator import Metacontroller
 
 
-def with_patches(*patches: dict[str, Any]) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["spec"]["patches"] = list(patches)
-    return obj
+def with_patches(*patches: dict[str, Any]) -> GraphBuilder:
+    return graph().patches(*patches)
 
 
 def child(answer: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
@@ -42,7 +41,7 @@ def test_patch_adds_fields_the_api_does_not_model(hooks) -> None:
                 "target": {"kind": "Service", "name": "qwen-pd-server"},
                 "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"example.com/lb": "internal"}}],
             },
-        )
+        ).obj()
     )
     decode = child(answer, "Deployment", "qwen-pd-decode")["spec"]["template"]["spec"]
     assert decode["nodeSelector"] == {"gpu.amd.com/family": "mi300x"}
@@ -54,21 +53,24 @@ def test_patch_adds_fields_the_api_does_not_model(hooks) -> None:
 def test_patches_give_lws_ranks_their_own_commands(hooks) -> None:
     """The documented vLLM path: a Ray head on the leader, Ray workers on the other ranks."""
     need_schemas()
-    obj = with_patches(
-        {
-            "target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
-            "patch": [
-                {
-                    "op": "replace",
-                    "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/command",
-                    "value": ["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"],
-                },
-                {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args"},
-            ],
-        },
+    obj = (
+        with_patches(
+            {
+                "target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
+                "patch": [
+                    {
+                        "op": "replace",
+                        "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/command",
+                        "value": ["sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"],
+                    },
+                    {"op": "remove", "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/args"},
+                ],
+            },
+        )
+        .vllm()
+        .nodes(decode=2)
+        .obj()
     )
-    as_vllm(obj)
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
     answer = hooks.hook("/sync", request_body(obj, composite=controller("lws")))
     template = child(answer, "LeaderWorkerSet", "qwen-pd-decode")["spec"]["leaderWorkerTemplate"]
     assert template["workerTemplate"]["spec"]["containers"][0]["command"][-1].startswith("ray start --address")
@@ -145,7 +147,7 @@ def test_removing_a_patch_reverts_the_child(hooks) -> None:
                 "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
                 "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"pool": "a"}}],
             },
-        ),
+        ).obj(),
     )
     mc.converge()
     mc.edit(lambda spec: spec.pop("patches"))
@@ -159,8 +161,7 @@ def test_patch_that_removes_a_groups_worker_template_fails_and_keeps_children(ho
     """The LeaderWorkerSet CRD requires a worker template: without it every apply would fail
     where only events show it, and teardown would find no pods to drain."""
     need_schemas()
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj = graph().nodes(decode=2).obj()
     mc = Metacontroller(hooks, obj)
     mc.converge()
     before = {key: c["metadata"]["resourceVersion"] for key, c in mc.children.items()}
@@ -256,8 +257,7 @@ RELABELLINGS = {
 def test_a_patch_does_not_relabel_a_pod_template(hooks, case: str) -> None:
     need_schemas()
     kind, name, operation, field = RELABELLINGS[case]
-    obj = with_patches({"target": {"kind": kind, "name": name}, "patch": [operation]})
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj = with_patches({"target": {"kind": kind, "name": name}, "patch": [operation]}).nodes(decode=2).obj()
     mc = Metacontroller(hooks, obj)
     mc.converge()
     assert mc.children == {}
@@ -275,11 +275,14 @@ def test_a_patch_adds_labels_of_its_own_to_a_pod_template(hooks) -> None:
         "path": "/spec/leaderWorkerTemplate/workerTemplate/metadata/labels/example.com~1team",
         "value": "a",
     }
-    obj = with_patches(
-        {"target": {"kind": "Deployment", "name": "qwen-pd-prefill"}, "patch": [team]},
-        {"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"}, "patch": [also]},
+    obj = (
+        with_patches(
+            {"target": {"kind": "Deployment", "name": "qwen-pd-prefill"}, "patch": [team]},
+            {"target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"}, "patch": [also]},
+        )
+        .nodes(decode=2)
+        .obj()
     )
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
     answer = hooks.sync(obj)
     prefill = child(answer, "Deployment", "qwen-pd-prefill")["spec"]["template"]["metadata"]["labels"]
     ranks = child(answer, "LeaderWorkerSet", "qwen-pd-decode")["spec"]["leaderWorkerTemplate"]["workerTemplate"]
