@@ -6,18 +6,26 @@ from typing import Any
 
 import pytest
 
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import need_schemas, need_upstream
-from tests.support.requests import PD, as_vllm, children_by_key, controller, parent, request_body, upstream_corpus
+from tests.support.requests import (
+    PD,
+    children_by_key,
+    controller,
+    parent,
+    request_body,
+    upstream_corpus,
+    vllm_worker_args,
+)
 from tests.support.schemas import KUBERNETES_VERSION, definition
 from tests.support.simulator import Metacontroller
 
 IDENTITY = ["POD_NAME", "POD_NAMESPACE", "POD_IP"]
 
 
-def pd_with(service: str, extra: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["spec"]["services"][service].update(extraPodSpec=extra, **fields)
-    return obj
+def pd_with(service: str, extra: dict[str, Any], **fields: Any) -> GraphBuilder:
+    """The PD graph whose `service` has extraPodSpec `extra` (and `fields`)."""
+    return graph().service(service, extraPodSpec=extra, **fields)
 
 
 def pod(answer: dict[str, Any], name: str) -> dict[str, Any]:
@@ -66,7 +74,7 @@ FULL_WORKER = {
 
 
 def test_full_template_is_the_pod_completed_by_the_operator(hooks) -> None:
-    template = pod(hooks.sync(pd_with("decode", FULL_WORKER)), "qwen-pd-decode")
+    template = pod(hooks.sync(pd_with("decode", FULL_WORKER).obj()), "qwen-pd-decode")
     spec = template["spec"]
     (main,) = spec["containers"]
     user = FULL_WORKER["containers"][0]
@@ -114,7 +122,7 @@ def test_template_wins_on_clashes(hooks) -> None:
     extra["serviceAccountName"] = "custom"
     extra["terminationGracePeriodSeconds"] = 900
     main["command"] = main["command"] + ["--drain-timeout", "600"]
-    spec = pod(hooks.sync(pd_with("decode", extra)), "qwen-pd-decode")["spec"]
+    spec = pod(hooks.sync(pd_with("decode", extra).obj()), "qwen-pd-decode")["spec"]
     (merged,) = spec["containers"]
     assert merged["readinessProbe"] == {"tcpSocket": {"port": 30000}}
     assert merged["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "30"]
@@ -128,7 +136,7 @@ def test_template_wins_on_clashes(hooks) -> None:
     assert spec["serviceAccountName"] == "custom"
     assert spec["terminationGracePeriodSeconds"] == 900
     extra["terminationGracePeriodSeconds"] = 60
-    spec = pod(hooks.sync(pd_with("decode", extra)), "qwen-pd-decode")["spec"]
+    spec = pod(hooks.sync(pd_with("decode", extra).obj()), "qwen-pd-decode")["spec"]
     assert spec["terminationGracePeriodSeconds"] == 665  # the template's 600 s drain needs more
 
 
@@ -145,10 +153,11 @@ def test_template_port_names_handlers_and_gpu_counts(hooks) -> None:
             }
         ]
     }
-    obj = pd_with("decode", extra)
-    obj["spec"]["services"]["server"]["extraPodSpec"] = {
-        "containers": [{"name": "main", "ports": [{"name": "api", "containerPort": 8000}]}]
-    }
+    obj = (
+        pd_with("decode", extra)
+        .extra_pod_spec("server", containers=[{"name": "main", "ports": [{"name": "api", "containerPort": 8000}]}])
+        .obj()
+    )
     answer = hooks.sync(obj)
     (main,) = pod(answer, "qwen-pd-decode")["spec"]["containers"]
     assert main["ports"] == [{"name": "engine", "containerPort": 30000}]
@@ -166,7 +175,7 @@ def test_partial_overlay_keeps_the_flat_fields(hooks) -> None:
         "containers": [{"name": "main", "volumeMounts": [{"name": "model", "mountPath": "/models"}]}],
         "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "models"}}],
     }
-    answer = hooks.sync(pd_with("prefill", extra))
+    answer = hooks.sync(pd_with("prefill", extra).obj())
     spec = pod(answer, "qwen-pd-prefill")["spec"]
     baseline = pod(hooks.sync(parent(PD)), "qwen-pd-prefill")["spec"]
     (main,) = spec["containers"]
@@ -186,12 +195,12 @@ def test_primary_is_main_or_infera_else_first(hooks) -> None:
             {"name": "infera", "env": [{"name": "X", "value": "y"}]},
         ]
     }
-    spec = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]
+    spec = pod(hooks.sync(pd_with("prefill", extra).obj()), "qwen-pd-prefill")["spec"]
     assert [c["name"] for c in spec["containers"]] == ["log-shipper", "infera"]
     assert spec["containers"][0] == {"name": "log-shipper", "image": "fluent-bit:3"}
     assert spec["containers"][1]["command"][:3] == ["python3", "-m", "infera.engine.sglang"]
     extra = {"containers": [{"name": "engine", "image": "vendor/engine:v3"}]}
-    (only,) = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]["containers"]
+    (only,) = pod(hooks.sync(pd_with("prefill", extra).obj()), "qwen-pd-prefill")["spec"]["containers"]
     assert only["name"] == "engine" and only["image"] == "vendor/engine:v3"
 
 
@@ -222,7 +231,7 @@ def test_primary_is_main_or_infera_else_first(hooks) -> None:
     ],
 )
 def test_malformed_templates_fail_and_keep_children(hooks, extra: dict, message: str) -> None:
-    status = hooks.sync(pd_with("prefill", extra))["status"]
+    status = hooks.sync(pd_with("prefill", extra).obj())["status"]
     assert status["state"] == "failed"
     assert status["message"].startswith(message), status["message"]
 
@@ -237,24 +246,22 @@ def test_template_fields_are_kubernetes_1_33s() -> None:
 def test_null_template_fields_are_absent_fields(hooks) -> None:
     """As the API server stores them, so nothing is re-applied."""
     extra = {"hostNetwork": None, "containers": [{"name": "main", "workingDir": None, "image": "vendor/x:v1"}]}
-    spec = pod(hooks.sync(pd_with("prefill", extra)), "qwen-pd-prefill")["spec"]
+    spec = pod(hooks.sync(pd_with("prefill", extra).obj()), "qwen-pd-prefill")["spec"]
     assert "hostNetwork" not in spec and "workingDir" not in spec["containers"][0]
     assert spec["containers"][0]["name"] == "main" and spec["containers"][0]["image"] == "vendor/x:v1"
 
 
 def test_template_image_satisfies_the_image_rule(hooks) -> None:
-    obj = parent(PD)
-    del obj["spec"]["image"]
-    for name, svc in obj["spec"]["services"].items():
-        svc["extraPodSpec"] = {"containers": [{"name": "main", "image": f"vendor/{name}:v1"}]}
-    assert hooks.sync(obj)["status"]["state"] == "initializing"
-    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"nodeSelector": {"a": "b"}}
-    status = hooks.sync(obj)["status"]
+    templated = graph().image(None)
+    for name in ("server", "prefill", "decode"):
+        templated.extra_pod_spec(name, containers=[{"name": "main", "image": f"vendor/{name}:v1"}])
+    assert hooks.sync(templated.obj())["status"]["state"] == "initializing"
+    status = hooks.sync(templated.extra_pod_spec("decode", nodeSelector={"a": "b"}).obj())["status"]
     assert status["state"] == "failed" and "services.decode has none" in status["message"]
 
 
 def test_full_template_converges_without_churn(hooks) -> None:
-    mc = Metacontroller(hooks, pd_with("decode", FULL_WORKER))
+    mc = Metacontroller(hooks, pd_with("decode", FULL_WORKER).obj())
     mc.converge()
     mc.mark_ready()
     mc.converge()
@@ -394,10 +401,13 @@ SGLANG = ["python3", "-m", "infera.engine.sglang", "--host", "0.0.0.0", "--port"
     ids=["etcd-backend", "etcd-advertise", "nats-off", "nats-off-kv-events", "port", "model"],
 )
 def test_template_commands_must_work_in_their_graph(hooks, spec: dict, command: list[str], message: str) -> None:
-    obj = pd_with(
-        "prefill", {"containers": [{"name": "main", "command": command}]}, args=["--disaggregation-mode", "prefill"]
+    obj = (
+        pd_with(
+            "prefill", {"containers": [{"name": "main", "command": command}]}, args=["--disaggregation-mode", "prefill"]
+        )
+        .spec(**spec)
+        .obj()
     )
-    obj["spec"].update(spec)
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed" and status["message"].startswith(message), status["message"]
 
@@ -409,15 +419,14 @@ def test_a_template_that_says_it_all_is_accepted(hooks) -> None:
         "prefill --disaggregation-transfer-backend mori --discovery-backend etcd --etcd-endpoint e:1 "
         "--advertise-host $POD_IP --nats-server nats://nats.shared:4222 --kv-event-transport zmq"
     )
-    obj = pd_with("prefill", {"containers": [{"name": "main", "command": ["/bin/sh", "-c", script]}]}, port=31000)
-    obj["spec"].update(discoveryBackend="etcd", etcdEndpoint="e:1", nats={"deploy": False})
-    obj["spec"]["services"]["prefill"].pop("args")
+    template = {"containers": [{"name": "main", "command": ["/bin/sh", "-c", script]}]}
+    obj = pd_with("prefill", template, port=31000, args=None).discovery("etcd", "e:1").nats(deploy=False).obj()
     spec = pod(hooks.sync(obj), "qwen-pd-prefill")["spec"]
     assert spec["containers"][0]["readinessProbe"]["httpGet"]["port"] == 31000
 
 
 def test_a_missing_disaggregation_mode_says_what_to_add(hooks) -> None:
-    obj = pd_with("decode", {"containers": [{"name": "main", "command": SGLANG}]}, args=["--tp-size", "1"])
+    obj = pd_with("decode", {"containers": [{"name": "main", "command": SGLANG}]}, args=["--tp-size", "1"]).obj()
     status = hooks.sync(obj)["status"]
     assert (
         "spec.services.decode: the command has no --disaggregation-mode, so the worker would serve as a mixed one: "
@@ -504,9 +513,7 @@ NATS_FROM_SECRET = {"name": "NATS_SERVER", "valueFrom": {"secretKeyRef": {"name"
     ],
 )
 def test_templates_that_work_are_accepted(hooks, spec: dict, template: dict) -> None:
-    obj = pd_with("prefill", template)
-    obj["spec"]["services"]["prefill"].pop("args")
-    obj["spec"].update(spec)
+    obj = pd_with("prefill", template, args=None).spec(**spec).obj()
     status = hooks.sync(obj)["status"]
     assert status["state"] == "initializing", status["message"]
 
@@ -541,50 +548,48 @@ def test_templates_that_work_are_accepted(hooks, spec: dict, template: dict) -> 
     ids=["expanded-port", "router-flags", "kv-plane", "rendezvous"],
 )
 def test_templates_that_would_fail_are_refused(hooks, template: dict, fields: dict, message: str) -> None:
-    obj = pd_with("prefill", template, **fields)
-    obj["spec"]["services"]["prefill"].pop("args")
+    obj = pd_with("prefill", template, args=None, **fields).obj()
     status = hooks.hook("/sync", request_body(obj, composite=controller("lws")))["status"]
     assert status["state"] == "failed" and message in status["message"], status["message"]
 
 
 def test_a_worker_without_probes_listens_where_it_likes(hooks) -> None:
     """It registers the port it listens on, and has no Service: nothing to miss."""
-    obj = pd_with(
-        "prefill", worker_template([*SGLANG_PREFILL[:6], "31000", *SGLANG_PREFILL[7:]]), skipReadinessProbe=True
-    )
-    obj["spec"]["services"]["prefill"].pop("args")
+    template = worker_template([*SGLANG_PREFILL[:6], "31000", *SGLANG_PREFILL[7:]])
+    obj = pd_with("prefill", template, skipReadinessProbe=True, args=None).obj()
     assert hooks.sync(obj)["status"]["state"] == "initializing"
 
 
 def test_the_vllm_multi_node_recipe_is_accepted(hooks) -> None:
     """docs/pods.md: a Ray head and workers, each template's command given by a patch."""
     need_schemas()
-    obj = as_vllm(parent(PD))
-    decode = obj["spec"]["services"]["decode"]
-    decode["numberOfNodes"] = 2
-    model_args = decode.pop("args")
+    model_args = vllm_worker_args("decode")
     group = "/spec/leaderWorkerTemplate"
     head = (
         "ray start --head --port=6379 && exec python3 -m infera.engine.vllm --host 0.0.0.0 --port 30000 "
         + " ".join(shlex.quote(a) for a in model_args)
         + " --tensor-parallel-size 16 --distributed-executor-backend ray"
     )
-    obj["spec"]["patches"] = [
-        {
-            "target": {"kind": "LeaderWorkerSet", "name": "qwen-pd-decode"},
-            "patch": [
-                {
-                    "op": "replace",
-                    "path": f"{group}/leaderTemplate/spec/containers/0/command",
-                    "value": ["/bin/sh", "-c", head],
-                },
-                {
-                    "op": "replace",
-                    "path": f"{group}/workerTemplate/spec/containers/0/command",
-                    "value": ["/bin/sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"],
-                },
-            ],
-        }
-    ]
+    obj = (
+        graph()
+        .vllm()
+        .nodes(decode=2)
+        .service("decode", args=None)  # the patches give each rank its command line
+        .patch(
+            "LeaderWorkerSet",
+            "qwen-pd-decode",
+            {
+                "op": "replace",
+                "path": f"{group}/leaderTemplate/spec/containers/0/command",
+                "value": ["/bin/sh", "-c", head],
+            },
+            {
+                "op": "replace",
+                "path": f"{group}/workerTemplate/spec/containers/0/command",
+                "value": ["/bin/sh", "-c", "ray start --address=$(LWS_LEADER_ADDRESS):6379 --block"],
+            },
+        )
+        .obj()
+    )
     answer = hooks.hook("/sync", request_body(obj, composite=controller("lws")))
     assert answer["status"]["state"] == "initializing", answer["status"]["message"]
