@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from hooks.renderers.autoscaling import DEFAULT_BEHAVIOR
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import need_schemas
 from tests.support.requests import PD, children_by_key, controller, parent, request_body
 from tests.support.simulator import Metacontroller
@@ -37,11 +38,9 @@ def behavior(**scale_down: Any) -> dict[str, Any]:
 DECODE_HPA = ("HorizontalPodAutoscaler", "qwen-pd-decode")
 
 
-def autoscaled(**decode: Any) -> dict[str, Any]:
+def autoscaled(**decode: Any) -> GraphBuilder:
     """The PD graph with its decode pool autoscaled (and `decode` changes on top)."""
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"].update({"autoscaling": copy.deepcopy(AUTOSCALING), **decode})
-    return obj
+    return graph().autoscaling("decode", **AUTOSCALING).service("decode", **decode)
 
 
 def converged(hooks, obj: dict[str, Any]) -> Metacontroller:
@@ -53,7 +52,7 @@ def converged(hooks, obj: dict[str, Any]) -> Metacontroller:
 
 
 def test_the_autoscaler_targets_the_pool_and_starts_from_replicas(hooks) -> None:
-    answer = hooks.sync(autoscaled(replicas=2))
+    answer = hooks.sync(autoscaled(replicas=2).obj())
     children = children_by_key(answer)
     assert children[DECODE_HPA] == {
         "apiVersion": "autoscaling/v2",
@@ -108,7 +107,7 @@ def test_metric_quantities_are_rendered_as_the_api_server_stores_them(hooks) -> 
     ]
     obj = autoscaled(
         autoscaling={**AUTOSCALING, "metrics": metrics, "behavior": {"scaleDown": {"selectPolicy": "Min"}}}
-    )
+    ).obj()
     hpa = children_by_key(hooks.sync(obj))[DECODE_HPA]["spec"]
     assert [m["pods" if m["type"] == "Pods" else "external"]["target"] for m in hpa["metrics"]] == [
         {"type": "AverageValue", "averageValue": "1"},
@@ -124,7 +123,7 @@ def test_a_scale_up_by_the_autoscaler_is_never_undone(hooks) -> None:
     Metacontroller records every desired object in its last-applied annotation, so the first
     sync after a scaling decision updates that annotation alone (a Deployment's generation moves
     with its annotations, which it copies to its ReplicaSets); after it, nothing is written."""
-    mc = converged(hooks, autoscaled())
+    mc = converged(hooks, autoscaled().obj())
     mc.autoscale(*DECODE, 5)
     scaled = copy.deepcopy(mc.children[DECODE])
     assert mc.child_writes(mc.sync()) == [("update", *DECODE)]
@@ -141,7 +140,7 @@ def test_a_scale_up_by_the_autoscaler_is_never_undone(hooks) -> None:
 
 def test_a_new_replicas_in_the_spec_is_not_applied_while_the_autoscaler_owns_the_count(hooks) -> None:
     """The router's scaling API (or a user) writing spec replicas: said in status, not applied."""
-    mc = converged(hooks, autoscaled())
+    mc = converged(hooks, autoscaled().obj())
     mc.autoscale(*DECODE, 4)
     mc.converge()
     mc.edit(lambda spec: spec["services"]["decode"].update(replicas=2))
@@ -153,7 +152,7 @@ def test_a_new_replicas_in_the_spec_is_not_applied_while_the_autoscaler_owns_the
 
 
 def test_new_bounds_clamp_the_live_count(hooks) -> None:
-    mc = converged(hooks, autoscaled())
+    mc = converged(hooks, autoscaled().obj())
     mc.autoscale(*DECODE, 6)
     mc.converge()
     mc.edit(lambda spec: spec["services"]["decode"]["autoscaling"].update(maxReplicas=3))
@@ -167,7 +166,7 @@ def test_new_bounds_clamp_the_live_count(hooks) -> None:
 
 
 def test_removing_autoscaling_hands_the_count_back_in_one_sync(hooks) -> None:
-    mc = converged(hooks, autoscaled(replicas=2))
+    mc = converged(hooks, autoscaled(replicas=2).obj())
     mc.autoscale(*DECODE, 7)
     mc.converge()
     mc.edit(lambda spec: spec["services"]["decode"].pop("autoscaling"))
@@ -177,7 +176,7 @@ def test_removing_autoscaling_hands_the_count_back_in_one_sync(hooks) -> None:
 
 
 def test_status_reports_the_autoscaler(hooks) -> None:
-    mc = converged(hooks, autoscaled())
+    mc = converged(hooks, autoscaled().obj())
     mc.set_status(
         *DECODE_HPA,
         {
@@ -212,7 +211,7 @@ def test_status_reports_the_autoscaler(hooks) -> None:
 def test_a_switch_between_one_and_several_nodes_moves_the_autoscaler_along(hooks) -> None:
     """The LeaderWorkerSet counts groups, not pods: it starts from replicas, not the Deployment's count."""
     need_schemas()
-    mc = Metacontroller(hooks, autoscaled(replicas=2), composite=controller("lws"))
+    mc = Metacontroller(hooks, autoscaled(replicas=2).obj(), composite=controller("lws"))
     mc.converge()
     mc.autoscale(*DECODE, 5)
     mc.converge()
@@ -245,10 +244,10 @@ def test_a_switch_between_one_and_several_nodes_moves_the_autoscaler_along(hooks
     ],
 )
 def test_disruption_budgets(hooks, services: dict[str, Any], budgets: dict[str, int | str]) -> None:
-    obj = parent(PD)
+    built = graph()
     for service, fields in services.items():
-        obj["spec"]["services"][service].update(copy.deepcopy(fields))
-    children = children_by_key(hooks.sync(obj))
+        built.service(service, **fields)
+    children = children_by_key(hooks.sync(built.obj()))
     rendered = {name: child for (kind, name), child in children.items() if kind == "PodDisruptionBudget"}
     assert {name: pdb["spec"]["maxUnavailable"] for name, pdb in rendered.items()} == budgets
     for name, pdb in rendered.items():
@@ -266,8 +265,7 @@ def test_disruption_budgets(hooks, services: dict[str, Any], budgets: dict[str, 
 
 def test_a_budget_over_a_multinode_pool_selects_every_rank(hooks) -> None:
     need_schemas()
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj = graph().nodes(decode=2).obj()
     children = children_by_key(hooks.hook("/sync", request_body(obj, composite=controller("lws"))))
     selector = children[("PodDisruptionBudget", "qwen-pd-decode")]["spec"]["selector"]["matchLabels"]
     template = children[("LeaderWorkerSet", "qwen-pd-decode")]["spec"]["leaderWorkerTemplate"]
@@ -289,8 +287,7 @@ def test_without_the_budget_kind_registered_default_budgets_are_left_out_and_sai
         "(policy/v1); enable it in metacontroller/compositecontroller.yaml"
     )
     # Asked for explicitly, a budget the controller cannot create fails the graph, as any other kind.
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["disruptionBudget"] = {"maxUnavailable": 2}
+    obj = graph().service("decode", disruptionBudget={"maxUnavailable": 2}).obj()
     answer = hooks.hook("/sync", request_body(obj, composite=composite))
     assert answer["status"]["state"] == "failed"
     assert "PodDisruptionBudget qwen-pd-decode cannot be created" in answer["status"]["message"]
@@ -394,7 +391,7 @@ def test_a_bad_autoscaling_spec_fails_in_status_and_keeps_what_runs(hooks, autos
 def test_a_failing_spec_or_a_withheld_kind_keeps_the_autoscalers_count(hooks) -> None:
     """Where the hook keeps what runs as last applied, an autoscaled workload keeps the count its
     autoscaler set: the recorded one would undo every decision while the spec is being fixed."""
-    mc = converged(hooks, autoscaled(replicas=2))
+    mc = converged(hooks, autoscaled(replicas=2).obj())
     mc.autoscale(*DECODE, 6)
     mc.converge()
     mc.edit(
@@ -428,10 +425,7 @@ def test_a_failing_spec_or_a_withheld_kind_keeps_the_autoscalers_count(hooks) ->
     [("Deployment", "/spec/replicas", "replicas"), ("HorizontalPodAutoscaler", "/spec/maxReplicas", "maxReplicas")],
 )
 def test_a_patch_on_what_the_autoscaler_owns_is_refused(hooks, kind: str, path: str, field: str) -> None:
-    obj = autoscaled()
-    obj["spec"]["patches"] = [
-        {"target": {"kind": kind, "name": "qwen-pd-decode"}, "patch": [{"op": "replace", "path": path, "value": 3}]}
-    ]
+    obj = autoscaled().patch(kind, "qwen-pd-decode", {"op": "replace", "path": path, "value": 3}).obj()
     status = hooks.sync(obj)["status"]
     assert status["state"] == "failed"
     assert status["message"].startswith(
@@ -441,7 +435,7 @@ def test_a_patch_on_what_the_autoscaler_owns_is_refused(hooks, kind: str, path: 
 
 def test_readiness_counts_an_autoscaled_pool_against_its_minimum(hooks) -> None:
     """A scale-up is minutes of model loading: it must not turn a serving graph pending."""
-    mc = converged(hooks, autoscaled())
+    mc = converged(hooks, autoscaled().obj())
     mc.autoscale(*DECODE, 4)
     # The Deployment controller sees the new count: one pod ready, three loading their model.
     mc.mark_ready(lambda kind, name: 1 if name == "qwen-pd-decode" else None)
@@ -467,7 +461,7 @@ def test_no_notice_for_an_autoscaler_the_controller_cannot_create(hooks) -> None
 def test_a_missing_autoscaler_beside_a_running_pool_is_said(hooks) -> None:
     """An autoscaler the API server refused leaves the pool at a fixed count: say it, rather than
     report a healthy graph with nothing scaling it."""
-    mc = converged(hooks, autoscaled())
+    mc = converged(hooks, autoscaled().obj())
     del mc.children[DECODE_HPA]  # refused, or deleted by hand
     status = hooks.hook("/sync", mc.body())["status"]
     assert "decode autoscaler: HorizontalPodAutoscaler qwen-pd-decode does not exist yet" in status["message"]
