@@ -10,6 +10,7 @@ import pytest
 from hooks import teardown
 from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request
 from tests.support.apply import record
+from tests.support.graphs import graph
 from tests.support.prerequisites import REPO, need_schemas
 from tests.support.requests import controller, parent, request_body
 from tests.support.simulator import Metacontroller
@@ -59,10 +60,7 @@ GATEWAY_PLANE = PLANE | {(kind, "qwen-pd-epp") for kind in ("ServiceAccount", "R
 def full_graph(hooks) -> Metacontroller:
     """A converged graph with GAIE, NATS and an autoscaled multi-node pool, its pods running."""
     need_schemas()
-    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
-    obj["spec"]["gaie"] = GAIE
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
-    obj["spec"]["services"]["decode"]["autoscaling"] = {"maxReplicas": 2, "metrics": [QUEUE_DEPTH]}
+    obj = graph().gaie(**GAIE).nodes(decode=2).autoscaling("decode", maxReplicas=2, metrics=[QUEUE_DEPTH]).obj()
     mc = Metacontroller(hooks, obj)
     mc.converge()
     mc.mark_ready()
@@ -250,8 +248,7 @@ def test_an_unowned_worker_pod_being_deleted_holds_the_plane_until_it_has_gone(h
 
 def test_the_message_names_a_few_pods_and_counts_the_rest(hooks) -> None:
     need_schemas()
-    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
-    obj["spec"]["services"]["prefill"]["replicas"] = 5
+    obj = graph().replicas(prefill=5).obj()
     mc = Metacontroller(hooks, obj)
     mc.converge()
     mc.run_pods()
@@ -445,7 +442,5 @@ def test_nats_claim_follows_the_graph_unless_retained(hooks) -> None:
         (statefulset,) = [c for c in hooks.sync(obj)["children"] if c["kind"] == "StatefulSet"]
         return statefulset["spec"]["persistentVolumeClaimRetentionPolicy"]
 
-    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
-    assert policy(obj) == {"whenDeleted": "Delete", "whenScaled": "Retain"}
-    obj["spec"]["nats"]["retainStorage"] = True
-    assert policy(obj) == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert policy(graph().obj()) == {"whenDeleted": "Delete", "whenScaled": "Retain"}
+    assert policy(graph().retain_nats_storage().obj()) == {"whenDeleted": "Retain", "whenScaled": "Retain"}
