@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.vocabulary import COMPONENT_LABEL, GENERATION_LABEL
+from tests.support.graphs import graph
 from tests.support.prerequisites import REPO
 from tests.support.requests import PD, controller, controller_for, load_yaml
 from tests.support.simulator import Metacontroller
@@ -28,9 +29,8 @@ WORKLOADS = ("Deployment", "LeaderWorkerSet")
 
 
 def blue_green(path: Any) -> dict[str, Any]:
-    doc = copy.deepcopy(load_yaml(path)[0] if not isinstance(path, dict) else path)
-    doc["spec"]["rollout"] = {"strategy": "BlueGreen"}
-    return doc
+    """The graph of `path` (an example, or a parent) under BlueGreen."""
+    return graph(source=path).blue_green().obj()
 
 
 def templates(child: dict[str, Any]) -> list[dict[str, Any]]:
@@ -377,13 +377,16 @@ def test_a_new_model_source_downloads_before_its_generation_starts_its_workers(h
 
 
 def test_patches_aim_at_every_generation_by_the_plain_name(hooks) -> None:
-    doc = blue_green(PD)
-    doc["spec"]["patches"] = [
-        {
-            "target": {"kind": "Deployment", "name": "qwen-pd-decode"},
-            "patch": [{"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"pool": "decode"}}],
-        }
-    ]
+    doc = (
+        graph()
+        .blue_green()
+        .patch(
+            "Deployment",
+            "qwen-pd-decode",
+            {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"pool": "decode"}},
+        )
+        .obj()
+    )
     mc = serving(Metacontroller(hooks, doc))
     old = mc.parent["status"]["rollout"]["servingGeneration"]
     assert mc.children[("Deployment", f"qwen-pd-decode-{old}")]["spec"]["template"]["spec"]["nodeSelector"] == {
@@ -414,8 +417,7 @@ def test_a_restarted_hook_mid_rollout_answers_the_same(hooks) -> None:
 
 
 def test_the_generation_label_is_the_hooks_alone(hooks) -> None:
-    doc = blue_green(PD)
-    doc["spec"]["services"]["decode"]["podLabels"] = {GENERATION_LABEL: "mine"}
+    doc = graph().blue_green().service("decode", podLabels={GENERATION_LABEL: "mine"}).obj()
     mc = serving(Metacontroller(hooks, doc))
     old = mc.parent["status"]["rollout"]["servingGeneration"]
     labels = mc.children[("Deployment", f"qwen-pd-decode-{old}")]["spec"]["template"]["metadata"]["labels"]
@@ -453,8 +455,7 @@ CHANGES: list[Callable[[dict[str, Any]], None]] = [
     steps=st.lists(st.sampled_from(["sync", "some ready", "all ready"]), min_size=4, max_size=12),
 )
 def test_generated_graphs_and_changes_never_mix_generations(hooks, spec, changes, steps) -> None:
-    spec["rollout"] = {"strategy": "BlueGreen"}
-    mc = Metacontroller(hooks, idep(spec))
+    mc = Metacontroller(hooks, graph(source=idep(spec)).blue_green().obj())
     mc.converge()
     mc.mark_ready()
     mc.converge()
@@ -770,8 +771,7 @@ def test_a_router_container_the_hook_gives_no_selector_is_refused(serving_gaie: 
 
 
 def test_outside_blue_green_a_broader_selector_stays_the_users_choice(hooks) -> None:
-    doc = load_yaml(PD)[0]
-    doc["spec"]["services"]["server"]["args"] += [f"--k8s-l={WHOLE_GRAPH}"]
+    doc = graph().add_args("server", f"--k8s-l={WHOLE_GRAPH}").obj()
     mc = Metacontroller(hooks, doc)
     mc.converge()
     assert mc.parent["status"]["state"] != "failed", mc.parent["status"]["message"]
