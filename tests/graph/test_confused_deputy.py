@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from hooks.contract import LAST_APPLIED_ANNOTATION
+from tests.support.graphs import graph
 from tests.support.requests import EXAMPLES, PD, load_yaml, parent, upstream_corpus
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
@@ -347,8 +348,7 @@ def test_the_model_cache_hides_nothing_the_engine_needs(converged: Metacontrolle
 
 @pytest.mark.parametrize("path", ["/models", "/opt/models", "/var/cache/models", "/tmpfs", "/data/rocm"])
 def test_a_model_cache_beside_the_system_paths_is_accepted(hooks: HookClient, path: str) -> None:
-    obj = parent(PD)
-    obj["spec"]["modelCache"] = {**CACHE, "mountPath": path}
+    obj = graph().model_cache(**CACHE, mountPath=path).obj()
     assert hooks.sync(obj)["status"]["state"] == "initializing"
 
 
@@ -398,8 +398,7 @@ def test_the_record_counts_what_go_escapes_and_the_childs_own_annotations(conver
 
 
 def test_a_child_just_inside_the_record_bound_is_applied(hooks: HookClient) -> None:
-    obj = parent(PD)
-    obj["spec"]["envs"] = [{"name": "BLOB", "value": "x" * 250_000}]
+    obj = graph().envs({"name": "BLOB", "value": "x" * 250_000}).obj()
     mc = Metacontroller(hooks, obj)
     mc.converge()
     assert mc.parent["status"]["state"] != "failed"
@@ -480,15 +479,15 @@ def test_what_is_legitimately_patchable_still_is(hooks: HookClient) -> None:
 
 
 def test_a_minimum_that_lets_a_pod_go_is_patchable(hooks: HookClient) -> None:
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["replicas"] = 3
-    obj["spec"]["patches"] = [
-        {
-            "target": {"kind": "PodDisruptionBudget", "name": "qwen-pd-decode"},
-            "patch": [
-                {"op": "remove", "path": "/spec/maxUnavailable"},
-                {"op": "add", "path": "/spec/minAvailable", "value": "50%"},
-            ],
-        }
-    ]
+    obj = (
+        graph()
+        .replicas(decode=3)
+        .patch(
+            "PodDisruptionBudget",
+            "qwen-pd-decode",
+            {"op": "remove", "path": "/spec/maxUnavailable"},
+            {"op": "add", "path": "/spec/minAvailable", "value": "50%"},
+        )
+        .obj()
+    )
     assert hooks.sync(obj)["status"]["state"] == "initializing"
