@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from tests.graph.test_blue_green import SELECTOR_SETTINGS, WHOLE_GRAPH
 from tests.support import kubelet, runtime
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import REPO, need_upstream
 from tests.support.requests import (
     PD,
-    as_vllm,
     controller_for,
     load_yaml,
     parent,
@@ -422,10 +422,9 @@ def test_every_upstream_corpus_file_starts(hooks, name: str) -> None:
 # --- the combinations the issue names, each proved -------------------------------------------
 
 
-def pd(**spec: Any) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["spec"].update(spec)
-    return obj
+def pd(**spec: Any) -> GraphBuilder:
+    """The PD graph with top-level `spec` fields set."""
+    return graph().spec(**spec)
 
 
 GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
@@ -434,13 +433,15 @@ GAIE = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"
 @pytest.mark.parametrize(
     "idep",
     [
-        pd(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379"),
-        pd(nats={"deploy": False}),
-        pd(discoveryBackend="etcd", etcdEndpoint="etcd:2379", nats={"deploy": False}),
-        as_vllm(pd()),
-        as_vllm(pd(discoveryBackend="etcd", etcdEndpoint="etcd:2379", nats={"deploy": False})),
-        pd(gaie={**GAIE, "frontendPort": 8123}),
-        pd(gaie={**GAIE, "frontendPort": 9000}, nats={"deploy": False}, discoveryBackend="etcd", etcdEndpoint="e:1"),
+        pd(discoveryBackend="etcd", etcdEndpoint="etcd.infra:2379").obj(),
+        pd(nats={"deploy": False}).obj(),
+        pd(discoveryBackend="etcd", etcdEndpoint="etcd:2379", nats={"deploy": False}).obj(),
+        pd().vllm().obj(),
+        pd(discoveryBackend="etcd", etcdEndpoint="etcd:2379", nats={"deploy": False}).vllm().obj(),
+        pd(gaie={**GAIE, "frontendPort": 8123}).obj(),
+        pd(
+            gaie={**GAIE, "frontendPort": 9000}, nats={"deploy": False}, discoveryBackend="etcd", etcdEndpoint="e:1"
+        ).obj(),
     ],
     ids=[
         "etcd",
@@ -456,26 +457,23 @@ def test_combination_starts(hooks, idep: dict[str, Any]) -> None:
     assert_starts(hooks, idep)
 
 
-def scaling_api(obj: dict[str, Any], how: str) -> dict[str, Any]:
+def scaling_api(how: str) -> dict[str, Any]:
     """The PD graph whose router serves the scaling API, enabled by its flag or its variable."""
-    server = obj["spec"]["services"]["server"]
     if how == "flag":
-        server["args"] = [*server["args"], "--enable-scaling-api"]
-    else:
-        server["env"] = [{"name": "INFERA_ENABLE_SCALING_API", "value": "True"}]
-    return obj
+        return pd().add_args("server", "--enable-scaling-api").obj()
+    return pd().env("server", {"name": "INFERA_ENABLE_SCALING_API", "value": "True"}).obj()
 
 
 @pytest.mark.parametrize("how", ["flag", "variable"])
 def test_a_router_serving_the_scaling_api_may_read_and_patch_its_graph(hooks, how: str) -> None:
-    graph = assert_starts(hooks, scaling_api(pd(), how))
+    graph = assert_starts(hooks, scaling_api(how))
     assert graph.verbs("qwen-pd-disc", "infera.amd.com", "inferadeployments", "qwen-pd") == {"get", "patch"}
     assert graph.verbs("qwen-pd-disc", "infera.amd.com", "inferadeployments", "other-graph") == set()
     assert graph.verbs("qwen-pd-register", "infera.amd.com", "inferadeployments", "qwen-pd") == set()
 
 
 def test_no_account_may_touch_the_graph_without_the_scaling_api(hooks) -> None:
-    graph = assert_starts(hooks, pd())
+    graph = assert_starts(hooks, pd().obj())
     assert graph.verbs("qwen-pd-disc", "", "pods") == {"list", "watch"}
     assert graph.verbs("qwen-pd-register", "", "pods") == {"patch"}
     for account in ("qwen-pd-disc", "qwen-pd-register"):
@@ -486,15 +484,14 @@ def test_the_checks_catch_a_scaling_api_without_its_permissions(hooks) -> None:
     def enable(container: dict[str, Any]) -> None:
         container["command"].append("--enable-scaling-api")
 
-    problems = tampered(hooks, pd(), "Deployment", "qwen-pd-server", enable)
+    problems = tampered(hooks, pd().obj(), "Deployment", "qwen-pd-server", enable)
     assert any("qwen-pd-server" in p and "serves the scaling API, but its account may not" in p for p in problems), (
         problems
     )
 
 
 def test_multinode_sglang_behind_the_gateway_starts(hooks) -> None:
-    obj = pd(gaie={**GAIE, "frontendPort": 8200})
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 3
+    obj = pd(gaie={**GAIE, "frontendPort": 8200}).nodes(decode=3).obj()
     graph = assert_starts(hooks, obj)
     ranks = sorted(p.pod.facts.name for p in graph.processes if p.service == "decode" and p.is_worker)
     assert ranks == ["qwen-pd-decode-0", "qwen-pd-decode-0-1", "qwen-pd-decode-0-2"]
@@ -526,7 +523,7 @@ def replace_flags(old: list[str], new: list[str]):
     ("idep", "kind", "name", "old", "new", "problem"),
     [
         (
-            pd(),
+            pd().obj(),
             "Deployment",
             "qwen-pd-decode",
             ["--discovery-backend", "kubernetes"],
@@ -534,7 +531,7 @@ def replace_flags(old: list[str], new: list[str]):
             "unrecognized arguments: --k8s-label-selector",
         ),
         (
-            pd(gaie=GAIE),
+            pd(gaie=GAIE).obj(),
             "Deployment",
             "qwen-pd-epp",
             ["--router-tokenizer-path"],
@@ -542,7 +539,7 @@ def replace_flags(old: list[str], new: list[str]):
             "the following arguments are required: --router-tokenizer-path",
         ),
         (
-            pd(discoveryBackend="etcd", etcdEndpoint="e:1"),
+            pd(discoveryBackend="etcd", etcdEndpoint="e:1").obj(),
             "Deployment",
             "qwen-pd-server",
             ["--discovery-backend", "etcd"],
@@ -550,7 +547,7 @@ def replace_flags(old: list[str], new: list[str]):
             "discovers through kubernetes, the graph through etcd",
         ),
         (
-            pd(discoveryBackend="etcd", etcdEndpoint="e:1"),
+            pd(discoveryBackend="etcd", etcdEndpoint="e:1").obj(),
             "Deployment",
             "qwen-pd-decode",
             ["--advertise-host", "$(POD_IP)"],
@@ -558,7 +555,7 @@ def replace_flags(old: list[str], new: list[str]):
             "registers '0.0.0.0', not its Pod IP",
         ),
         (
-            pd(nats={"deploy": False}),
+            pd(nats={"deploy": False}).obj(),
             "Deployment",
             "qwen-pd-prefill",
             ["--request-transport", "http", "--kv-event-transport", "zmq"],
@@ -566,7 +563,7 @@ def replace_flags(old: list[str], new: list[str]):
             "uses NATS at nats://127.0.0.1:4222, but the graph's broker is None",
         ),
         (
-            as_vllm(pd()),
+            pd().vllm().obj(),
             "Deployment",
             "qwen-pd-decode",
             ["--discovery-backend", "kubernetes"],
@@ -574,16 +571,16 @@ def replace_flags(old: list[str], new: list[str]):
             "unrecognized arguments: --disaggregation-mode",
         ),
         (
-            pd(gaie={**GAIE, "frontendPort": 8100}),
+            pd(gaie={**GAIE, "frontendPort": 8100}).obj(),
             "Deployment",
             "qwen-pd-epp",
             ["--destination-port", "8100"],
             [],
             "sends the gateway to port 8000, the pool is on 8100",
         ),
-        (pd(), "Deployment", "qwen-pd-decode", ["--host", "0.0.0.0"], [], "binds 127.0.0.1"),
+        (pd().obj(), "Deployment", "qwen-pd-decode", ["--host", "0.0.0.0"], [], "binds 127.0.0.1"),
         (
-            pd(),
+            pd().obj(),
             "Deployment",
             "qwen-pd-decode",
             ["--disaggregation-mode", "decode"],
@@ -609,8 +606,7 @@ def test_the_checks_catch_the_defects_the_issue_found(hooks, idep, kind, name, o
 
 
 def test_the_checks_catch_a_rank_outside_its_group(hooks) -> None:
-    obj = pd()
-    obj["spec"]["services"]["decode"]["numberOfNodes"] = 2
+    obj = pd().nodes(decode=2).obj()
     graph = rendered_graph(hooks, obj)
     group = graph.by_key[("LeaderWorkerSet", "qwen-pd-decode")]["spec"]["leaderWorkerTemplate"]
     command = group["workerTemplate"]["spec"]["containers"][0]["command"]
@@ -620,7 +616,7 @@ def test_the_checks_catch_a_rank_outside_its_group(hooks) -> None:
 
 
 def test_the_checks_catch_missing_gateway_processes(hooks) -> None:
-    graph = rendered_graph(hooks, pd(gaie=GAIE))
+    graph = rendered_graph(hooks, pd(gaie=GAIE).obj())
     children = [c for c in graph.children if c["metadata"]["name"] != "qwen-pd-epp" or c["kind"] != "Deployment"]
     decode = next(c for c in children if c["metadata"]["name"] == "qwen-pd-decode")
     decode["spec"]["template"]["spec"]["containers"].pop()  # the frontend sidecar
@@ -633,7 +629,7 @@ def test_the_checks_catch_a_worker_outside_the_selector(hooks) -> None:
     def relabel(container: dict[str, Any]) -> None:
         container["command"][container["command"].index("infera.amd.com/deployment=qwen-pd")] = "app=other"
 
-    problems = tampered(hooks, pd(), "Deployment", "qwen-pd-server", relabel)
+    problems = tampered(hooks, pd().obj(), "Deployment", "qwen-pd-server", relabel)
     assert any("selector 'app=other' misses worker pods" in p for p in problems), problems
 
 
@@ -837,8 +833,7 @@ def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict
 
 
 def as_blue_green(idep: dict[str, Any]) -> dict[str, Any]:
-    idep["spec"]["rollout"] = {"strategy": "BlueGreen"}
-    return idep
+    return graph(source=idep).blue_green().obj()
 
 
 def routers_on_their_generation(graph: Graph) -> None:
