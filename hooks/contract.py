@@ -42,20 +42,28 @@ class HookRequest:
     # them (present, possibly empty, for every kind the customize hook asks for).
     related: list[dict[str, Any]] = field(default_factory=list)
     related_kinds: frozenset[str] = frozenset()
-    # Child kinds the CompositeController registers; None when the request does not say
-    # (a hand-written body), in which case every kind may be emitted.
-    registered: frozenset[Kind] | None = None
+    # Child kinds the CompositeController registers.
+    registered: "Registration" = field(default_factory=lambda: Registration())
 
     @functools.cached_property
     def by_key(self) -> dict[tuple[str, str], dict[str, Any]]:
         """The observed children by (kind, name)."""
         return {child_key(child): child for child in self.children}
 
-    def allows(self, child: dict[str, Any]) -> bool:
-        return self.registers(child["kind"], child["apiVersion"])
+
+@dataclass(frozen=True)
+class Registration:
+    """The child kinds (kind, apiVersion) the CompositeController registers; None when the
+    request does not say (a hand-written body): every kind may then be emitted. What follows
+    from it is hooks.registration's."""
+
+    kinds: frozenset[Kind] | None = None
 
     def registers(self, kind: str, api_version: str) -> bool:
-        return self.registered is None or (kind, api_version) in self.registered
+        return self.kinds is None or (kind, api_version) in self.kinds
+
+    def allows(self, child: dict[str, Any]) -> bool:
+        return self.registers(child["kind"], child["apiVersion"])
 
 
 def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
@@ -192,7 +200,7 @@ def parse_request(body: Any) -> HookRequest:
     return HookRequest(
         parent=parent,
         children=_objects(body.get("children"), "children"),
-        registered=_registered(body),
+        registered=Registration(_registered(body)),
         related=_objects(body.get("related"), "related"),
         related_kinds=frozenset(body["related"]) if isinstance(body.get("related"), dict) else frozenset(),
     )

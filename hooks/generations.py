@@ -23,21 +23,18 @@ Outside BlueGreen the generation is "": children are named and selected as they 
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
-from hooks.api.status import ConditionStatus, PoolProgress, RolloutPhase, RolloutStatus
 from hooks.contract import as_last_applied, field_at
 from hooks.kubernetes_names import DNS_LABEL, DNS_LABEL_MAX
 from hooks.observed import (
+    GROUP_SIZE_PATH,
     Observed,
-    as_int,
     current_ready,
-    listed_briefly,
     live_replicas,
     observed_workload,
     pod_templates,
@@ -50,7 +47,6 @@ from hooks.vocabulary import (
     WORKLOAD_KINDS,
     child_name,
     generation_name,
-    pool_name,
     route_name,
 )
 
@@ -99,7 +95,7 @@ def digest(workloads: Iterable[dict[str, Any]]) -> str:
 def _runs(workload: dict[str, Any]) -> list[Any]:
     """What a workload's pods run and how many form a group: its group size and its pod
     templates' specs without their placement fields."""
-    size = field_at(workload, "spec", "leaderWorkerTemplate", "size")
+    size = field_at(workload, *GROUP_SIZE_PATH)
     specs = [template.get("spec") for template, _ in pod_templates(workload)]
     return [size, [_what_runs(spec) for spec in specs]]
 
@@ -139,13 +135,13 @@ def workload_digests(children: Iterable[dict[str, Any]]) -> dict[str, str]:
     }
 
 
-def _suffix(generation: str) -> str:
+def name_suffix(generation: str) -> str:
     """What a generation adds to its children's names (nothing for the unlabelled one)."""
     return f"-{generation}" if generation else ""
 
 
 def _plain_name(child: dict[str, Any]) -> str:
-    return str(field_at(child, "metadata", "name")).removesuffix(_suffix(generation_of(child)))
+    return str(field_at(child, "metadata", "name")).removesuffix(name_suffix(generation_of(child)))
 
 
 def with_templates_recorded(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -158,10 +154,10 @@ def with_templates_recorded(children: list[dict[str, Any]]) -> list[dict[str, An
         sorted([c["kind"], _plain_name(c), template_digest(c)] for c in workloads), separators=(",", ":")
     )
     recording = {id(child) for child in workloads}
-    return [_annotated(child, record) if id(child) in recording else child for child in children]
+    return [with_record(child, record) if id(child) in recording else child for child in children]
 
 
-def _annotated(child: dict[str, Any], record: str) -> dict[str, Any]:
+def with_record(child: dict[str, Any], record: str) -> dict[str, Any]:
     metadata = child["metadata"]
     annotations = {**(metadata.get("annotations") or {}), TEMPLATES_ANNOTATION: record}
     return {**child, "metadata": {**metadata, "annotations": annotations}}
@@ -319,18 +315,14 @@ def named_otherwise(rollout: Rollout, observed: Observed, workloads_at: Callable
 
 
 def check_switch(
-    rollout: Rollout,
-    observed: Observed,
-    spec_digest: Callable[[], str],
-    workloads_at: Callable[[str], dict[str, str]],
+    rollout: Rollout, observed: Observed, wanted: str, workloads_at: Callable[[str], dict[str, str]]
 ) -> None:
     """A switch between RollingUpdate and BlueGreen hands over between a generation whose routers
     see every worker of the graph ("") and a labelled one: harmless only while both run the
-    same thing, so it must come in a change of its own."""
+    same thing, so it must come in a change of its own. `wanted`: the spec's generation."""
     legacy = "" in rollout.kept or (rollout.desired == "" and rollout.kept)
     if not legacy:
         return
-    wanted = spec_digest()
     if rollout.desired == "":
         # What it runs, not its name: one named by another build's digest may run this spec.
         running = min(rollout.kept)
@@ -351,167 +343,5 @@ def check_switch(
     )
 
 
-@dataclass(frozen=True)
-class Restoration:
-    """The workloads of a kept generation that are gone, by what its record says."""
-
-    generation: str
-    record: str  # the record's annotation, which a restored workload carries again
-    missing: list[Recorded]
-    # The picker's companions that are gone too (its Service, the InferencePool), and the
-    # template digest the record holds for the picker they follow.
-    companions: list[tuple[str, str]]
-    picker: str | None
-
-
-def restoration(rollout: Rollout, observed: Observed, idep: InferaDeployment) -> Restoration | None:
-    """The recorded workloads (and picker companions) of the generation that serves, while it is
-    not the spec's, that are not observed; None when none are gone, or it recorded nothing (a
-    generation made before templates were recorded: its pools then say they are short)."""
-    generation = rollout.serving
-    recorded = recorded_templates(idep, observed, generation) if generation != rollout.desired else None
-    if recorded is None:
-        return None
-    record, entries = recorded
-    at = idep.at_generation(generation)
-    missing = [(kind, name, d) for kind, name, d in entries if (kind, name + _suffix(generation)) not in observed]
-    picker = next(
-        (d for kind, name, d in entries if (kind, name) == ("Deployment", child_name(idep, EPP_SUFFIX))), None
-    )
-    companions = []
-    if picker is not None:
-        wanted = [("Service", generation_name(at, EPP_SUFFIX)), ("InferencePool", pool_name(at))]
-        companions = [key for key in wanted if key not in observed]
-    return Restoration(generation, record, missing, companions, picker) if missing or companions else None
-
-
-def restore(
-    restoration: Restoration, rendered: list[dict[str, Any]], rollout: Rollout
-) -> tuple[list[dict[str, Any]], str | None]:
-    """What of `restoration` the spec, `rendered` at its generation, renders exactly as recorded:
-    those children (each workload with the generation's record again), and what to do about the
-    others, which cannot be recreated from this spec (None when there are none). The picker's
-    companions follow the picker's template: they are named after the generation and made of
-    what its command holds."""
-    by_key = {(child["kind"], child["metadata"]["name"]): child for child in rendered}
-    restored, lost = [], []
-    suffix = _suffix(restoration.generation)
-    for kind, name, recorded in restoration.missing:
-        child = by_key.get((kind, name + suffix))
-        if child is not None and template_digest(child) == recorded:
-            restored.append(_annotated(child, restoration.record))
-        else:
-            lost.append(f"{kind} {name + suffix}")
-    picker = next((c for c in rendered if c["kind"] == "Deployment" and service_of(c) == EPP_SUFFIX), None)
-    same_picker = picker is not None and template_digest(picker) == restoration.picker
-    for key in restoration.companions:
-        if same_picker and key in by_key:
-            restored.append(by_key[key])
-        else:
-            lost.append(" ".join(key))
-    return restored, _lost(restoration, lost, rollout) if lost else None
-
-
-def _lost(restoration: Restoration, names: list[str], rollout: Rollout) -> str:
-    generation = named([restoration.generation])
-    one = len(names) == 1
-    them = "it" if one else "them"
-    return (
-        f"{listed_briefly(names)} of the serving generation {generation} {'is' if one else 'are'} gone, and this "
-        f"spec renders {them} differently: revert the spec to generation {generation}'s to recreate {them}, or let "
-        f"generation {named([rollout.desired])} become ready to replace {them}"
-    )
-
-
-def created(idep: InferaDeployment, observed: Observed) -> str | None:
-    """When the oldest workload of the generation `idep` renders was created (None: not yet)."""
-    stamps = [
-        stamp
-        for service in idep.spec.services
-        if isinstance(
-            stamp := field_at(observed_workload(idep, service, observed), "metadata", "creationTimestamp"), str
-        )
-    ]
-    return min(stamps, default=None)
-
-
-@dataclass(frozen=True)
-class RolloutRead:
-    """What the status roll-up reads of a rollout, as plain data (part of the status memo's key)."""
-
-    desired: str
-    serving: str
-    kept: tuple[str, ...]
-    present: tuple[str, ...]  # every generation with a child observed
-    door_restored: bool
-
-    @classmethod
-    def of(cls, rollout: Rollout) -> "RolloutRead":
-        return cls(
-            rollout.desired,
-            rollout.serving,
-            tuple(sorted(rollout.kept)),
-            tuple(sorted(rollout.present)),
-            rollout.door_restored,
-        )
-
-    def key(self) -> list[Any]:
-        return [self.desired, self.serving, list(self.kept), list(self.present), self.door_restored]
-
-
 def named(generations: Iterable[str]) -> str:
     return ", ".join(generation or '"" (RollingUpdate)' for generation in generations)
-
-
-def rollout_status(
-    idep: InferaDeployment,
-    read: RolloutRead,
-    observed: Observed,
-    now: Callable[[], datetime],
-    unscheduled: Sequence[str] = (),
-) -> tuple[RolloutStatus, tuple[ConditionStatus, str]]:
-    """The rollout's status and its Progressing condition (status, reason), for `idep` at the
-    desired generation; `unscheduled` says which of its pods no node takes. The clock is read
-    only while a new generation is not yet serving."""
-    strategy = idep.spec.rollout.strategy
-    desired, serving = read.desired, read.serving
-    if serving == desired:
-        draining = sorted(set(read.present) - {desired})
-        if read.kept:
-            phase: RolloutPhase = "Switching"
-            reason, message = "FrontDoorSwitched", f"the front door moves to generation {named([desired])}"
-        elif draining:
-            phase, reason = "Draining", "OldGenerationDraining"
-            message = f"generation {named([desired])} serves; removing generation {named(draining)}"
-        else:
-            phase, reason, message = "Stable", "RolloutComplete", f"generation {named([desired])} serves"
-        done = RolloutStatus(strategy=strategy, phase=phase, serving_generation=serving, message=message)
-        return done, ("True", reason)
-    pools = {}
-    for service in sorted(idep.spec.services):
-        workload = observed_workload(idep, service, observed)
-        pools[service] = PoolProgress(
-            replicas=as_int(field_at(workload, "spec", "replicas")), ready_replicas=current_ready(workload)
-        )
-    progress = ", ".join(f"{service} {pool.ready_replicas}/{pool.replicas}" for service, pool in pools.items())
-    message = f"generation {named([serving])} serves; generation {desired} starts: {progress} ready"
-    since = created(idep, observed)
-    deadline = idep.spec.rollout.progress_deadline_seconds
-    stalled = since is not None and (now() - datetime.fromisoformat(since)).total_seconds() > deadline
-    if stalled:
-        message = (
-            f"generation {desired} is not ready {deadline}s after it was created (rollout.progressDeadlineSeconds); "
-            f"generation {named([serving])} keeps serving: {progress} ready"
-        )
-    if read.door_restored:
-        message += f"; the front door, deleted or edited, is restored to generation {named([serving])}"
-    message = "; ".join([message, *unscheduled])
-    rolling = RolloutStatus(
-        strategy=strategy,
-        phase="Stalled" if stalled else "Progressing",
-        serving_generation=serving,
-        incoming_generation=desired,
-        pools=pools,
-        message=message,
-    )
-    return rolling, ("False", "ProgressDeadlineExceeded") if stalled else ("True", "NewGenerationProgressing")

@@ -10,8 +10,9 @@ import functools
 import json
 from typing import Any
 
-from hooks.contract import LAST_APPLIED_ANNOTATION, as_last_applied, field_at, parse_recorded
+from hooks.contract import LAST_APPLIED_ANNOTATION, as_kept, as_last_applied, field_at, parse_recorded
 from hooks.encoding import EncodedChild, Path, canonical_json
+from hooks.observed import GROUP_SIZE_PATH
 from hooks.quantity import quantity_value
 
 # kind -> (path to the field, the spec field a user would have changed)
@@ -30,7 +31,7 @@ GROW_ONLY: dict[str, list[tuple[Path, str]]] = {
 # deletes it) and created anew on the next sync. Many LeaderWorkerSet releases refuse to change
 # a group's size in place, and a new size re-forms every group anyway.
 REPLACED_ON_CHANGE: dict[str, list[tuple[Path, str]]] = {
-    "LeaderWorkerSet": [(("spec", "leaderWorkerTemplate", "size"), "numberOfNodes")],
+    "LeaderWorkerSet": [(GROUP_SIZE_PATH, "numberOfNodes")],
     # Only a child another controller created has another selector: the upstream operator puts
     # its managed-by label in every selector.
     "Deployment": [(("spec", "selector"), "the selector")],
@@ -71,6 +72,12 @@ def encoded(child: dict[str, Any]) -> EncodedChild:
     """A child encoded with the fields keep_immutable_fields compares."""
     kind = child.get("kind")
     return EncodedChild.of(child, WATCHED_PATHS.get(kind, ()) if isinstance(kind, str) else ())
+
+
+def kept_as_applied(children: list[dict[str, Any]], observed: list[dict[str, Any]]) -> list[EncodedChild]:
+    """Observed `children` answered exactly as last applied (contract.as_kept; `observed`: every
+    observed child), encoded."""
+    return [encoded(child) for child in as_kept(children, observed)]
 
 
 def _applied(current: dict[str, Any], path: Path) -> bool:

@@ -1,6 +1,7 @@
-"""The render memo: each parent's desired children and status, computed once per worker.
+"""The render memo: what the sync's pure steps made for each parent, computed once per worker.
 
-The desired children are a pure function of the parent's identity and spec, the kinds the
+It wraps the steps from outside: the sync calls a step through it (`remembered`, `rolled_up`),
+and no step knows it is kept. The desired children are a pure function of the parent's identity and spec, the kinds the
 CompositeController registers, and a few facts about the observed children (an autoscaler's
 live count, where the model download is); the status, of the observed children's statuses and
 the previous conditions (and of the clock, when a condition changes). Almost every sync
@@ -11,6 +12,7 @@ this build (its code, its data and its dependencies), and the memo lives in the 
 a new build never sees an old build's renders. It is bounded by the memory its entries take, least recently used out first.
 """
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -19,9 +21,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import orjson
 from packaging.requirements import Requirement
@@ -32,6 +35,8 @@ from hooks import DISTRIBUTION
 from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment, ParentMeta
 from hooks.encoding import EncodedChild
+
+T = TypeVar("T")
 
 
 def dependency_versions(distribution: str) -> dict[str, str]:
@@ -89,25 +94,21 @@ MEMO_BYTES = 40 * 1024 * 1024
 ENTRY_OVERHEAD = 1000
 KEPT_OVERHEAD = 200
 
-# Children, or the SpecError message the render raised (raised afresh each time).
-Rendered = list[EncodedChild] | str
+# What a remembered call returned, or the SpecError message it raised (raised afresh each time).
+Result = tuple[bool, Any]
 # A rolled-up status: its state, and the status as canonical JSON.
 RolledUp = tuple[str | None, bytes]
 
 
 @dataclass
 class ParentEntry:
-    """One parent's parsed model (or why its spec is invalid), its latest renders and its latest
-    status roll-ups."""
+    """One parent's parsed model (or why its spec is invalid), and its latest results of each
+    remembered function, by the function's name."""
 
     digest: bytes
     parsed: InferaDeployment | str
     size: int
-    renders: OrderedDict[bytes, Rendered] = field(default_factory=OrderedDict)
-    statuses: OrderedDict[bytes, RolledUp] = field(default_factory=OrderedDict)
-    # Digests of the spec's workloads rendered at a generation (hooks.generations): "" names the
-    # spec's generation. Or the SpecError message computing one raised.
-    generations: OrderedDict[bytes, tuple[bool, str]] = field(default_factory=OrderedDict)
+    tables: dict[str, OrderedDict[bytes, Any]] = field(default_factory=dict)
 
     def idep(self) -> InferaDeployment:
         if isinstance(self.parsed, str):
@@ -153,21 +154,35 @@ def retained_bytes(value: Any) -> int:
     return total
 
 
+def _plain(value: Any) -> Any:
+    """What JSON does not hold, as a key holds it: a set sorted, a dataclass by its fields (where
+    orjson does not write it itself), a parsed graph as the generation it renders (the parent's
+    entry holds its spec)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, InferaDeployment):
+        return value.graph_generation
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {item.name: getattr(value, item.name) for item in dataclasses.fields(value)}
+    raise TypeError(f"{type(value).__name__} is no key")
+
+
 def _document(inputs: Any) -> bytes:
-    """Plain data as JSON, its keys in the order given: Metacontroller sends them sorted, and the
+    """Inputs as JSON, maps' keys in the order given: Metacontroller sends them sorted, and the
     same data in another order only costs a render. (Decoding refused every number orjson
     would write as null.)"""
     try:
-        return orjson.dumps(inputs)
+        return orjson.dumps(inputs, default=_plain)
     except TypeError:  # a lone surrogate, an integer beyond 64 bits, nesting past 254 levels
-        return json.dumps(inputs, separators=(",", ":")).encode()
+        return json.dumps(inputs, separators=(",", ":"), default=_plain).encode()
 
 
 def _digest(document: bytes) -> bytes:
     return hashlib.sha256(BUILD_DIGEST + document).digest()
 
 
-def _key(inputs: Any) -> bytes:
+def key_of(inputs: Any) -> bytes:
+    """The key of a call's arguments (with the parent's entry, which holds its spec)."""
     return _digest(_document(inputs))
 
 
@@ -176,6 +191,18 @@ def _identity(parent: dict[str, Any]) -> tuple[bytes, bytes]:
     metadata = parent.get("metadata") or {}
     document = _document([[[k, metadata[k]] for k in PARENT_FIELDS if k in metadata], parent.get("spec")])
     return document, _digest(document)
+
+
+class ReadClock:
+    """A clock that remembers whether it was read."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self.clock = clock
+        self.read = False
+
+    def __call__(self) -> datetime:
+        self.read = True
+        return self.clock()
 
 
 class RenderMemo:
@@ -213,51 +240,43 @@ class RenderMemo:
         self._store(entry)
         return entry
 
-    def rendered(self, entry: ParentEntry, inputs: Any, render: Callable[[], list[EncodedChild]]) -> list[EncodedChild]:
-        """The children `render` makes for this parent from `inputs` (plain JSON data: everything
-        else it reads), from the memo when these inputs were rendered before. A SpecError is
-        remembered and raised again."""
-        key = _key(inputs)
-        rendered = self._get(entry.renders, key)
-        if rendered is None:
+    def remembered(self, entry: ParentEntry, function: Callable[..., T], *args: Any) -> T:
+        """What `function` (pure: plain data and the parent's graph in, plain data out) returns for
+        `args`, from the memo when it was called with them for this parent before. A SpecError
+        is remembered and raised again."""
+        table = self._table(entry, function)
+        key = key_of(args)
+        result: Result | None = self._get(table, key)
+        if result is None:
             try:
-                rendered = render()
+                result = (True, function(*args))
             except SpecError as error:
-                rendered = str(error)
-            self._add(entry, entry.renders, key, rendered)
-        if isinstance(rendered, str):
-            raise SpecError(rendered)
-        return rendered
-
-    def generation(self, entry: ParentEntry, inputs: Any, compute: Callable[[], str]) -> str:
-        """The digest `compute` makes of the spec's workloads from `inputs` (everything else it
-        reads: the registered kinds, the generation rendered), from the memo when computed from
-        these inputs before. A SpecError is remembered and raised again."""
-        key = _key(inputs)
-        computed = self._get(entry.generations, key)
-        if computed is None:
-            try:
-                computed = (True, compute())
-            except SpecError as error:
-                computed = (False, str(error))
-            self._add(entry, entry.generations, key, computed)
-        valid, text = computed
+                result = (False, str(error))
+            self._add(entry, table, key, result)
+        valid, value = result
         if not valid:
-            raise SpecError(text)
-        return text
+            raise SpecError(value)
+        return cast(T, value)
 
-    def status(self, entry: ParentEntry, inputs: Any, roll_up: Callable[[], tuple[RolledUp, bool]]) -> RolledUp:
-        """The status `roll_up` makes for this parent from `inputs` (everything else it reads),
-        from the memo when it was rolled up from these inputs before. `roll_up` also says
-        whether its result may be kept: not when it read the clock (a condition changed, and
-        the same inputs later must get a later time)."""
-        key = _key(inputs)
-        rolled_up = self._get(entry.statuses, key)
+    def rolled_up(
+        self, entry: ParentEntry, roll_up: Callable[..., RolledUp], *args: Any, now: Callable[[], datetime]
+    ) -> RolledUp:
+        """What `roll_up(*args, clock)` returns, from the memo when it was called with these
+        `args` for this parent before, and kept only when it did not read the clock: a
+        condition changed then, and the same inputs later must get a later time."""
+        table = self._table(entry, roll_up)
+        key = key_of(args)
+        rolled_up: RolledUp | None = self._get(table, key)
         if rolled_up is None:
-            rolled_up, keep = roll_up()
-            if keep:
-                self._add(entry, entry.statuses, key, rolled_up)
+            clock = ReadClock(now)
+            rolled_up = roll_up(*args, clock)
+            if not clock.read:
+                self._add(entry, table, key, rolled_up)
         return rolled_up
+
+    def _table(self, entry: ParentEntry, function: Callable[..., Any]) -> "OrderedDict[bytes, Any]":
+        with self._lock:
+            return entry.tables.setdefault(f"{function.__module__}.{function.__qualname__}", OrderedDict())
 
     def _get(self, table: "OrderedDict[bytes, Any]", key: bytes) -> Any:
         with self._lock:

@@ -1,4 +1,5 @@
-"""Reading children, rendered or as observed: where a workload keeps its pod templates, which
+"""Reading children, rendered or as observed: where a workload keeps its pod templates and
+group size (the one reader of a workload's shape; renderers/workloads.py writes it), which
 service a child is of, and what the observed children say of the graph (which workload serves a
 service and how much of it is ready, where the model download is, what the autoscalers set).
 Observed objects are read defensively: another controller, or a user, may have written anything."""
@@ -32,6 +33,9 @@ POD_TEMPLATE_PATHS: dict[str, list[tuple[str, ...]]] = {
         ("spec", "leaderWorkerTemplate", "workerTemplate"),
     ],
 }
+
+# Where a LeaderWorkerSet keeps the number of pods of each group.
+GROUP_SIZE_PATH = ("spec", "leaderWorkerTemplate", "size")
 
 
 def pod_templates(child: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:

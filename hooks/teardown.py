@@ -26,13 +26,15 @@ and a child already let go is never handed back.
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hooks import conditions
 from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import Condition, ConditionStatus
+from hooks.conditions import TIME_FORMAT, Clock, utc_now
 from hooks.contract import HookRequest, as_kept, as_last_applied, child_key, field_at
 from hooks.observed import as_int, service_of
 from hooks.renderers.pods import pod_template as workload_template
-from hooks.status import Clock, as_wire, terminating, utc_now
+from hooks.status import as_wire, terminating
 from hooks.vocabulary import (
     BY_KIND,
     COMPONENT_LABEL,
@@ -56,14 +58,10 @@ STAGE_SLACK = timedelta(seconds=30)
 FALLBACK_GRACE_SECONDS = 600
 # The pods a message names; the rest are counted.
 NAMED_PODS = 3
-# The condition that records the wait for worker pods: False since the wait began, True once the
-# plane is let go.
-DRAINED = "Drained"
 # Set on its pods by the Deployment controller (its ReplicaSet is `<deployment>-<hash>`) and by the
 # LeaderWorkerSet controller (group i's StatefulSet is `<lws>-<i>`), each in its selector.
 POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
 LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def _labels(obj: Any) -> dict[str, str]:
@@ -234,14 +232,8 @@ def _plane_step(request: HookRequest, plane: list[dict[str, Any]], now: datetime
     pods = worker_pods(request)
 
     def drained(status: ConditionStatus, reason: str, message: str) -> Condition:
-        return Condition(
-            type=DRAINED,
-            status=status,
-            reason=reason,
-            message=message,
-            observed_generation=as_int(field_at(request.parent, "metadata", "generation")),
-            last_transition_time=(began if status == "False" else now).strftime(TIME_FORMAT),
-        )
+        generation = as_int(field_at(request.parent, "metadata", "generation"))
+        return conditions.drained(generation, status, reason, message, began if status == "False" else now)
 
     if pods is None:  # without the customize hook, a drain is as long as the bound
         if now < began + bound:
@@ -267,14 +259,8 @@ def _plane_step(request: HookRequest, plane: list[dict[str, Any]], now: datetime
 
 def _prior_drained(parent: dict[str, Any]) -> Condition | None:
     """The Drained condition this teardown last wrote, if it still reads as one."""
-    conditions = field_at(parent, "status", "conditions")
-    for condition in conditions if isinstance(conditions, list) else []:
-        if isinstance(condition, dict) and condition.get("type") == DRAINED:
-            try:
-                return Condition.model_validate(condition)
-            except ValueError:
-                return None
-    return None
+    status = parent.get("status")
+    return next(iter(conditions.carried_over(status if isinstance(status, dict) else {}, conditions.DRAINED)), None)
 
 
 def _named(pods: list[dict[str, Any]]) -> str:

@@ -271,7 +271,7 @@ class InferaDeployment(BaseModel):
     @model_validator(mode="after")
     def _names(self) -> "InferaDeployment":
         """Every name the graph's children get fits its kind's limit, and none is another graph's
-        (hooks/api/names.py)."""
+        (hooks/api/name_rules.py, from the table in hooks/api/names.py)."""
         for problem in name_problems(self.name, self.spec):
             raise ValueError(problem)
         return self

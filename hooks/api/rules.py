@@ -42,7 +42,7 @@ def ready_timeout_problem(raw: str) -> str | None:
 
 
 # What the operator's own children are named after: a service of one of these names would have
-# their names (and their service label). hooks/api/names.py keeps other graphs' children apart.
+# their names (and their service label). hooks/api/name_rules.py keeps other graphs' children apart.
 RESERVED_SERVICE_NAMES = ("nats", "disc", "epp")
 MAX_SERVICES = 256
 # spec.patches: bounded so that applying all of them (in place) takes well under a second.

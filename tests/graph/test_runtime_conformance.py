@@ -821,7 +821,7 @@ def test_the_hook_refuses_exactly_what_would_not_start_or_work(hooks, idep: dict
     """Over HTTP the hook accepts or refuses; the checker, running the runtime's parsers and the
     real shell on the same graph rendered without the hook's checks, must agree."""
     from hooks.api.graph import InferaDeployment
-    from hooks.reconcile import render_children
+    from hooks.render import render_children
 
     runtime.need_runtime()
     status = hooks.hook("/sync", request_body(idep, composite=controller_for(idep)))["status"]
@@ -868,7 +868,7 @@ def test_each_way_a_spec_sets_the_selector_is_what_the_router_would_read(case: s
     shell): each setting the hook refuses under BlueGreen is read by the router, unless the hook's
     own flag wins over it; then the router watches the graph whole, every generation."""
     from hooks.api.graph import InferaDeployment
-    from hooks.reconcile import render_children
+    from hooks.render import render_children
 
     runtime.need_runtime()
     idep = parent(as_blue_green(load_yaml(PD)[0]))

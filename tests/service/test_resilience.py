@@ -109,11 +109,11 @@ def test_probes_fail_when_the_service_cannot_record_metrics(tmp_path: Path) -> N
 
 def test_readyz_fails_when_a_known_good_graph_does_not_render(monkeypatch: pytest.MonkeyPatch) -> None:
     from hooks import app as app_module
-    from hooks import reconcile
+    from hooks import render
 
     client = app_module.create_app().test_client()
     assert client.get("/readyz").json == {"status": "ready"}
-    monkeypatch.setattr(reconcile, "render_children", lambda *arguments: [][0])
+    monkeypatch.setattr(render, "render_children", lambda *arguments: [][0])
     reply = client.get("/readyz")
     assert reply.status_code == 503
     assert reply.json == {

@@ -13,7 +13,7 @@ from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.observed import pod_templates
-from hooks.reconcile import render_children
+from hooks.render import render_children
 from tests.support.requests import EXAMPLES, PD, parent
 
 GAIE_PD = EXAMPLES / "gaie-pd.yaml"

@@ -13,7 +13,7 @@ import pytest
 from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.observed import pod_templates
-from hooks.reconcile import render_children
+from hooks.render import render_children
 from tests.support import apiserver
 from tests.support.apply import SyncFailed, go_equal, go_json, merge
 from tests.support.metacontroller import merge_program

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hooks.reconcile import render_children
+from hooks.render import render_children
 from hooks.renderers import gaie, monitoring, nats, network, pods
 from tests.support.inline_specs import GAIE, SERVER, WORKER, build, labels, selector, valid
 from tests.support.pod_security import RESTRICTED_CONTAINER

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from hooks.api.fields import SpecError
-from hooks.reconcile import render_children
+from hooks.render import render_children
 from hooks.renderers import nats, network
 from hooks.renderers.env import operator_env
 from hooks.runtime import Process, client_url

@@ -14,8 +14,9 @@ import pytest
 from hooks import runtime, vocabulary
 from hooks.api.fields import SpecError
 from hooks.api.graph import ChildPatch
+from hooks.contract import Registration
 from hooks.limits import RenderedSize
-from hooks.reconcile import render_children
+from hooks.render import render_children
 from hooks.renderers import autoscaling, discovery, env, gaie, nats, overlay, pods, probes, services, workloads
 from hooks.renderers.patches import apply_patches
 from hooks.runtime import Process, client_url
@@ -592,7 +593,10 @@ def test_a_refused_gateway_kind_renders_the_graph_as_with_gaie_off() -> None:
     ]
     graph = {"router": SERVER, "worker": WORKER}
     idep = build(graph, gaie=GAIE, patches=patches)
-    children = render_children(idep, allows=lambda child: child["kind"] != "InferencePool")
+    every_kind_but_the_pool = frozenset(
+        (c.kind, c.api_version) for c in vocabulary.CHILD_KINDS if c.kind != "InferencePool"
+    )
+    children = render_children(idep, Registration(every_kind_but_the_pool))
     assert children == render_children(build(graph, patches=patches[:1])) + gaie.render(idep)
     # Allowed, the EPP is patched; refused, it follows as rendered.
     (epp,) = [c for c in render_children(idep) if (c["kind"], c["metadata"]["name"]) == ("Deployment", "g-epp")]
