@@ -94,9 +94,8 @@ def documented_levels() -> dict[str, str]:
 
 
 def readme_levels() -> dict[str, str]:
-    """The README's table, one row per pods named (its level's first word)."""
-    levels = {}
-    for pods, level in table(section(README, "Install on a cluster")):
-        for name in re.split(r", (?![^`]*`)", pods):
-            levels[name] = level.split()[0]
-    return levels
+    """The README's summary of the levels (a sentence in "Install on a cluster"): each level it
+    names in backticks, with the words that lead up to it since the previous level."""
+    summary = " ".join(section(README, "Install on a cluster").split())
+    parts = re.split(r"`(restricted|baseline|privileged)`", summary)
+    return {level: parts[index - 1].rsplit(". ", 1)[-1] for index, level in enumerate(parts) if index % 2}
