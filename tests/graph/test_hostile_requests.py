@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hooks.app import create_app
+from tests.support.graphs import graph
 from tests.support.prerequisites import REPO
 from tests.support.requests import parent
 from tests.support.service import HookClient, InProcessClient
@@ -22,13 +23,11 @@ WRONG_VALUES = [None, [], {}, "x", 5, True, -1, 1e308, {"a": []}, [{}], "\ud800"
 @pytest.fixture(scope="module")
 def converged_requests() -> tuple[InProcessClient, dict[str, dict]]:
     hooks = InProcessClient(create_app())
-    obj = parent(MOONCAKE)
-    obj["spec"]["patches"] = [
-        {
-            "target": {"kind": "Deployment", "name": "qwen-1p1d-server"},
-            "patch": [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}],
-        }
-    ]
+    obj = (
+        graph(source=MOONCAKE)
+        .patch("Deployment", "qwen-1p1d-server", {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}})
+        .obj()
+    )
     mc = Metacontroller(hooks, obj)
     mc.converge()
     mc.mark_ready()

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.graphs import graph
 from tests.support.requests import EXAMPLES, PD, load_yaml
 from tests.support.simulator import Metacontroller
 
@@ -142,8 +143,7 @@ def test_pods_no_node_takes_are_said_in_the_schedulers_words(hooks) -> None:
 
 
 def test_many_unscheduled_pods_are_counted_and_the_first_quoted_in_one_line(hooks) -> None:
-    doc = load_yaml(PD)[0]
-    doc["spec"]["services"]["decode"]["replicas"] = 3
+    doc = graph().replicas(decode=3).obj()
     mc = Metacontroller(hooks, doc)
     mc.converge()
     mc.mark_ready(lambda kind, name: 0 if name == "qwen-pd-decode" else None)
@@ -157,8 +157,7 @@ def test_many_unscheduled_pods_are_counted_and_the_first_quoted_in_one_line(hook
 
 
 def test_the_incoming_generations_unscheduled_pods_are_the_rollouts_business(hooks) -> None:
-    doc = load_yaml(PD)[0]
-    doc["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    doc = graph().blue_green().obj()
     mc = Metacontroller(hooks, doc).serve()
     mc.edit(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.2"))
     mc.sync()
@@ -176,8 +175,7 @@ def test_the_incoming_generations_unscheduled_pods_are_the_rollouts_business(hoo
 
 def test_the_brokers_unscheduled_pod_is_said_under_blue_green_too(hooks) -> None:
     """The broker's pod belongs to no generation: its words are the graph's."""
-    doc = load_yaml(PD)[0]
-    doc["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    doc = graph().blue_green().obj()
     mc = Metacontroller(hooks, doc).serve()
     mc.run_pods()
     mc.set_status("StatefulSet", "qwen-pd-nats", {"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1})

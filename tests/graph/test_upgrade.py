@@ -10,6 +10,7 @@ import pytest
 
 from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.generations import TEMPLATES_ANNOTATION
+from tests.support.graphs import graph
 from tests.support.prerequisites import REPO
 from tests.support.requests import load_yaml
 from tests.support.simulator import Metacontroller
@@ -34,9 +35,7 @@ SPREAD = {
 
 def rolling_update(idep: dict[str, Any]) -> dict[str, Any]:
     """The example as its fixture under RollingUpdate was rendered: without spec.rollout."""
-    idep = copy.deepcopy(idep)
-    del idep["spec"]["rollout"]
-    return idep
+    return graph(source=idep).spec(rollout=None).obj()
 
 
 def created_by(build: str, fixture: str, idep: dict[str, Any], hooks) -> Metacontroller:
@@ -173,8 +172,7 @@ def test_a_generation_named_with_its_spread_may_switch_to_rolling_update_on_its_
 def test_a_rollout_in_flight_under_a_build_that_digested_the_spread_goes_on(hooks) -> None:
     """Upgraded mid-rollout: the incoming generation that build created already runs what the
     spec renders, so it is neither replaced nor renamed; the front door moves to it once ready."""
-    idep = load_yaml(EXAMPLE)[0]
-    idep["spec"]["image"] = "rocm/infera:sglang-v0.1.2"
+    idep = graph(source=EXAMPLE).image("rocm/infera:sglang-v0.1.2").obj()
     mc = created_by(SPREAD_IN_DIGEST, "pd-blue-green", idep, hooks)
     incoming = [
         child
