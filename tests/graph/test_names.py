@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hooks.api import name_rules, names, rules
 from hooks.kubernetes_names import DNS_LABEL
 from hooks.vocabulary import CHILD_KINDS
+from tests.support.graphs import graph
 from tests.support.requests import PD, controller, parent
 from tests.support.service import HookClient
 from tests.support.simulator import Metacontroller
@@ -224,9 +225,7 @@ def test_a_bound_on_a_groups_size_or_count_fails_and_keeps_the_running_pool(
 
 
 def test_a_group_of_the_most_nodes_in_the_most_groups_renders(hooks: HookClient) -> None:
-    graph = parent(PD)
-    graph["spec"]["services"]["decode"] |= {"numberOfNodes": rules.MAX_NODES, "replicas": names.MAX_GROUPS}
-    answer = hooks.sync(graph)
+    answer = hooks.sync(graph().nodes(decode=rules.MAX_NODES).replicas(decode=names.MAX_GROUPS).obj())
     assert answer["status"]["state"] == "initializing"
     (group,) = [child for child in answer["children"] if child["kind"] == "LeaderWorkerSet"]
     assert (group["spec"]["replicas"], group["spec"]["leaderWorkerTemplate"]["size"]) == (10_000, 64)
