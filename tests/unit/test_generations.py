@@ -14,27 +14,26 @@ from hooks.contract import LAST_APPLIED_ANNOTATION
 from hooks.immutable import encoded, keep_immutable_fields
 from hooks.observed import pod_templates
 from hooks.render import render_children
-from tests.support.requests import EXAMPLES, PD, parent
+from tests.support.graphs import GraphBuilder, graph
+from tests.support.requests import EXAMPLES
 
 GAIE_PD = EXAMPLES / "gaie-pd.yaml"
 
 
-def rendered(change: Any = None, example: Path = PD) -> list[dict[str, Any]]:
-    obj = parent(example)
-    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
-    if change:
-        change(obj["spec"])
-    return render_children(InferaDeployment.from_parent(obj))
+def rendered(built: GraphBuilder | None = None) -> list[dict[str, Any]]:
+    """The children of `built` (the PD graph unless given) under BlueGreen."""
+    return render_children(InferaDeployment.from_parent((built or graph()).blue_green().obj()))
 
 
 BASE = generations.digest(rendered())
 
 
 def test_replicas_pod_metadata_and_autoscaling_bounds_are_not_part_of_a_generation() -> None:
-    def scaled(spec: dict[str, Any]) -> None:
-        spec["services"]["decode"].update(replicas=4, podLabels={"team": "a"}, podAnnotations={"note": "b"})
-        spec["services"]["prefill"]["disruptionBudget"] = {"maxUnavailable": 2}
-
+    scaled = (
+        graph()
+        .service("decode", replicas=4, podLabels={"team": "a"}, podAnnotations={"note": "b"})
+        .service("prefill", disruptionBudget={"maxUnavailable": 2})
+    )
     assert generations.digest(rendered(scaled)) == BASE
 
 
@@ -42,28 +41,24 @@ CPU = {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utili
 SPREAD = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
 
 
-def patched(spec: dict[str, Any]) -> None:
-    target = {"kind": "Deployment", "name": "qwen-pd-prefill"}
-    add = {"op": "add", "path": "/spec/template/spec/topologySpreadConstraints", "value": [SPREAD]}
-    spec["patches"] = [{"target": target, "patch": [add]}]
+PATCHED = graph().patch(
+    "Deployment",
+    "qwen-pd-prefill",
+    {"op": "add", "path": "/spec/template/spec/topologySpreadConstraints", "value": [SPREAD]},
+)
 
 
 @pytest.mark.parametrize(
     ("spread", "unspread"),
     [
-        (lambda spec: spec["services"]["server"].update(replicas=2), None),
-        (
-            lambda spec: spec["services"]["server"].update(
-                autoscaling={"minReplicas": 1, "maxReplicas": 3, "metrics": [CPU]}
-            ),
-            None,
-        ),
+        (graph().replicas(server=2), None),
+        (graph().autoscaling("server", minReplicas=1, maxReplicas=3, metrics=[CPU]), None),
         # A template of its own drops the worker's /boot mount; the spread is all that differs.
         (
-            lambda spec: spec["services"]["decode"].update(extraPodSpec={"topologySpreadConstraints": [SPREAD]}),
-            lambda spec: spec["services"]["decode"].update(extraPodSpec={}),
+            graph().extra_pod_spec("decode", topologySpreadConstraints=[SPREAD]),
+            graph().extra_pod_spec("decode"),
         ),
-        (patched, None),
+        (PATCHED, None),
     ],
     ids=["two routers", "autoscaled routers", "extraPodSpec", "patch"],
 )
@@ -76,12 +71,9 @@ def test_placement_across_nodes_is_not_part_of_a_generation(spread, unspread) ->
 
 
 def test_several_endpoint_pickers_are_the_same_generation_as_one() -> None:
-    def pickers(spec: dict[str, Any]) -> None:
-        spec["gaie"]["eppReplicas"] = 3
-
-    spread = rendered(pickers, GAIE_PD)
+    spread = rendered(graph(source=GAIE_PD).epp_replicas(3))
     assert any("topologySpreadConstraints" in spec for spec in template_specs(spread))
-    assert generations.digest(spread) == generations.digest(rendered(example=GAIE_PD))
+    assert generations.digest(spread) == generations.digest(rendered(graph(source=GAIE_PD)))
 
 
 def template_specs(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,7 +107,7 @@ SPREAD_EXAMPLES = {"pd-blue-green.yaml", "pd-monitored.yaml"}
 def test_a_graph_without_spread_keeps_the_generation_it_had(example: Path) -> None:
     """Leaving placement out renames no running generation whose pods have none: upgrading the
     hook starts no rollout of them."""
-    children = rendered(example=example)
+    children = rendered(graph(source=example))
     spread = any("topologySpreadConstraints" in spec for spec in template_specs(children))
     assert spread == (example.name in SPREAD_EXAMPLES)
     assert (generations.digest(children) == digest_of_whole_templates(children)) != spread
@@ -123,11 +115,11 @@ def test_a_graph_without_spread_keeps_the_generation_it_had(example: Path) -> No
 
 def test_what_a_process_runs_is_part_of_a_generation() -> None:
     changes = [
-        lambda spec: spec.update(image="rocm/infera:other"),
-        lambda spec: spec["services"]["decode"]["args"].append("--enable-metrics"),
-        lambda spec: spec["services"]["server"]["args"].extend(["--router-policy", "round-robin"]),
-        lambda spec: spec.update(envs=[{"name": "A", "value": "1"}]),
-        lambda spec: spec["services"]["decode"].update(resources={"gpu": 2, "memory": "64Gi"}),
+        graph().image("rocm/infera:other"),
+        graph().add_args("decode", "--enable-metrics"),
+        graph().add_args("server", "--router-policy", "round-robin"),
+        graph().envs({"name": "A", "value": "1"}),
+        graph().resources("decode", gpu=2, memory="64Gi"),
     ]
     digests = [generations.digest(rendered(change)) for change in changes]
     assert BASE not in digests and len(set(digests)) == len(changes)
@@ -135,8 +127,7 @@ def test_what_a_process_runs_is_part_of_a_generation() -> None:
 
 def test_a_generation_is_eight_hex_digits_and_every_rendered_pod_carries_it() -> None:
     assert len(BASE) == 8 and int(BASE, 16) >= 0
-    obj = parent(PD)
-    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    obj = graph().blue_green().obj()
     children = render_children(InferaDeployment.from_parent(obj).at_generation(BASE))
     workloads = [c for c in children if c["kind"] == "Deployment" and not c["metadata"]["name"].endswith("nats")]
     assert sorted(c["metadata"]["name"] for c in workloads) == [
@@ -186,9 +177,7 @@ def test_a_service_selector_with_a_key_the_hook_never_applied_is_replaced() -> N
 
 def generation(name: str, ready: bool) -> dict[tuple[str, str], dict[str, Any]]:
     """The workloads of generation `name` of the PD graph, as observed, all ready or none."""
-    obj = parent(PD)
-    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
-    idep = InferaDeployment.from_parent(obj).at_generation(name)
+    idep = InferaDeployment.from_parent(graph().blue_green().obj()).at_generation(name)
     observed = {}
     for child in render_children(idep):
         if child["kind"] != "Deployment" or child["metadata"]["name"].endswith("-nats"):
@@ -217,9 +206,7 @@ def door(selected: str | None) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 def blue_green_pd() -> InferaDeployment:
-    obj = parent(PD)
-    obj["spec"]["rollout"] = {"strategy": "BlueGreen"}
-    return InferaDeployment.from_parent(obj)
+    return InferaDeployment.from_parent(graph().blue_green().obj())
 
 
 # (what is observed: generations present and whether ready, the door, the recorded serving
