@@ -16,8 +16,9 @@ from hooks.api.graph import InferaDeployment
 from hooks.contract import LAST_APPLIED_ANNOTATION, child_key
 from hooks.encoding import EncodedChild
 from hooks.render import render_children
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import REPO
-from tests.support.requests import load_yaml, parent
+from tests.support.requests import parent
 from tests.support.schemas import validate_status
 
 PD = InferaDeployment.from_parent(parent(REPO / "examples" / "pd-disaggregated.yaml"))
@@ -132,9 +133,7 @@ def test_hostile_counts_in_observed_status_count_as_zero() -> None:
 def test_a_workload_of_the_other_kind_still_reports_during_a_switch() -> None:
     """Moving decode to two nodes asks for a LeaderWorkerSet; until it exists, the Deployment
     that still serves is what the status reports."""
-    spec = load_yaml(REPO / "examples" / "pd-disaggregated.yaml")[0]
-    spec["spec"]["services"]["decode"]["numberOfNodes"] = 2
-    multinode = InferaDeployment.from_parent(parent(spec))
+    multinode = InferaDeployment.from_parent(graph().nodes(decode=2).obj())
     rolled = wire(multinode, converged(PD))
     assert rolled["services"]["decode"] == {"kind": "Deployment", "replicas": 1, "readyReplicas": 1}
 
@@ -243,10 +242,8 @@ def recorded(
     return by_key
 
 
-def with_spec(change: Any) -> InferaDeployment:
-    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
-    change(obj["spec"])
-    return InferaDeployment.from_parent(obj)
+def with_spec(built: GraphBuilder) -> InferaDeployment:
+    return InferaDeployment.from_parent(built.obj())
 
 
 def answer(idep: InferaDeployment) -> list[EncodedChild]:
@@ -257,10 +254,10 @@ def test_services_changing_are_those_whose_workload_the_answer_changes_beyond_re
     observed = recorded(converged(PD))
     assert observed_state.services_changing(PD, answer(PD), observed) == []
     # Replicas alone: an autoscaler's or a scale's doing, counted against the new count instead.
-    scaled = with_spec(lambda spec: spec["services"]["decode"].update(replicas=3))
+    scaled = with_spec(graph().replicas(decode=3))
     assert observed_state.services_changing(scaled, answer(scaled), observed) == []
     # A new image is a new template for every pod; a workload the answer creates is new too.
-    moved = with_spec(lambda spec: spec.update(image="rocm/infera:sglang-v0.1.2"))
+    moved = with_spec(graph().image("rocm/infera:sglang-v0.1.2"))
     assert observed_state.services_changing(moved, answer(moved), observed) == ["decode", "prefill", "server"]
     del observed[("Deployment", "qwen-pd-decode")]
     assert observed_state.services_changing(PD, answer(PD), observed) == ["decode"]
