@@ -3,13 +3,14 @@ restores, less what the controller cannot create, with what cannot change as sto
 spec that cannot be rendered, every observed child as applied."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from hooks import registration, rollout
-from hooks.api.graph import InferaDeployment
 from hooks.contract import HookRequest
 from hooks.encoding import EncodedChild, sync_answer_json
 from hooks.generations import Rollout
 from hooks.immutable import keep_immutable_fields, kept_as_applied
+from hooks.rollout import Restoration
 
 
 @dataclass(frozen=True)
@@ -23,10 +24,15 @@ class Children:
 
 
 def children(
-    idep: InferaDeployment, request: HookRequest, desired: list[EncodedChild], plan: Rollout | None
+    request: HookRequest,
+    desired: list[EncodedChild],
+    plan: Rollout | None,
+    restoration: Restoration | None = None,
+    rendered_at_serving: list[dict[str, Any]] | None = None,
 ) -> Children:
-    """The answer for `idep` (at the desired generation) whose rendered children are `desired`."""
-    restored, lost = rollout.restored(idep, request.registered, request.by_key, plan)
+    """The answer whose rendered children are `desired`; under a rollout whose serving generation
+    lost children (`restoration`), with those the spec `rendered_at_serving` makes as recorded."""
+    restored, lost = rollout.restored(restoration, rendered_at_serving or [], plan)
     answer = desired + rollout.kept_generations(request, plan) + restored
     answer, unregistered = registration.withhold_unregistered(request.registered, answer, request.children)
     answer, notices = keep_immutable_fields(answer, request.by_key)

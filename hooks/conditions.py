@@ -6,24 +6,16 @@ stays; the clock is read only when it changes (Metacontroller writes the status 
 changed, and every write triggers another sync).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from hooks.api.status import Condition, ConditionStatus, ModelCacheStatus, RolloutStatus
+from hooks.api.status import TIME_FORMAT, Clock, Condition, ConditionStatus, ModelCacheStatus, RolloutStatus
 from hooks.observed import listed_briefly
 
-# Every hook takes the time from one of these: a test passes its own.
-Clock = Callable[[], datetime]
-# A condition's time, as the API server stores it.
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # The teardown's condition: the wait for the workers' pods (hooks.teardown).
 DRAINED = "Drained"
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import json
 import logging
 from typing import Any
 
-from hooks import answer, render, rollout, status
+from hooks import answer, registration, render, rollout, status
 from hooks.answer import SyncAnswer
 from hooks.api.fields import SpecError
-from hooks.conditions import Clock, utc_now
+from hooks.api.status import Clock, utc_now
 from hooks.contract import HookRequest
 from hooks.memo import RenderMemo
 
@@ -49,9 +49,19 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
         inputs = render.RenderInputs.of(idep, observed, plan)
         # 4. The desired children, rendered, checked and encoded.
         desired = memo.remembered(entry, render.desired_children, idep, registered, inputs)
-        # 5. The answer: what the rollout keeps or restores beside them, less what the
+        # 5. The children of the serving generation that are gone, where it is not the spec's:
+        #    the spec rendered at it says which can be made again as recorded.
+        restoration = rollout.restoration(plan, observed, idep)
+        rendered_at_serving = (
+            memo.remembered(entry, render.render_children, *rollout.render_at(restoration, idep, registered, observed))
+            if restoration
+            else None
+        )
+        # 6. The answer: what the rollout keeps or restores beside them, less what the
         #    controller cannot create, with what cannot change as stored.
-        answered = answer.children(idep, request, desired, plan)
+        answered = answer.children(request, desired, plan, restoration, rendered_at_serving)
+        # 7. The defaults the spec leaves out where the controller cannot create them.
+        left_out = memo.remembered(entry, registration.defaults_left_out, idep, registered)
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
@@ -59,8 +69,8 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
         # Say what failed, not where: an exception's text can hold file paths and internals.
         message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
         return _keep_observed(request, message, now)
-    # 6. The status, from what was observed and what this answer does.
-    read = status.inputs_of(idep, request, inputs, answered, plan)
+    # 8. The status, from what was observed and what this answer does.
+    read = status.inputs_of(idep, request, inputs, answered, plan, left_out)
     state, status_json = memo.rolled_up(entry, status.encoded_status, idep, read, now=now)
     return SyncAnswer(state, status_json, answered.answer)
 

@@ -78,22 +78,6 @@ def kept_generations(request: HookRequest, rollout: Rollout | None) -> list[Enco
     return kept_as_applied(kept, request.children)
 
 
-def restored(
-    idep: InferaDeployment, registration: Registration, observed: Observed, rollout: Rollout | None
-) -> tuple[list[EncodedChild], list[str]]:
-    """The children of the serving generation, while it is not the spec's, that are gone: those
-    this spec renders exactly as that generation recorded them, to create anew, and why the
-    others cannot be."""
-    found = restoration(rollout, observed, idep) if rollout else None
-    if rollout is None or found is None:
-        return [], []
-    at = idep.at_generation(found.generation)
-    cache = None if idep.spec.model_cache is None else "Ready"
-    inputs = RenderInputs(live_replicas(at, observed), model_phase=cache, serving=found.generation)
-    children, lost = restore(found, render_children(at, registration, inputs), rollout)
-    return [encoded(child) for child in children], [lost] if lost else []
-
-
 @dataclass(frozen=True)
 class Restoration:
     """The workloads of a kept generation that are gone, by what its record says."""
@@ -107,10 +91,38 @@ class Restoration:
     picker: str | None
 
 
-def restoration(rollout: Rollout, observed: Observed, idep: InferaDeployment) -> Restoration | None:
+def render_at(
+    restoration: Restoration, idep: InferaDeployment, registration: Registration, observed: Observed
+) -> tuple[InferaDeployment, Registration, RenderInputs]:
+    """The arguments of render_children that render the spec at the generation to restore, as it
+    would serve: its autoscalers' counts, its model downloaded."""
+    at = idep.at_generation(restoration.generation)
+    cache = None if idep.spec.model_cache is None else "Ready"
+    return (
+        at,
+        registration,
+        RenderInputs(live_replicas(at, observed), model_phase=cache, serving=restoration.generation),
+    )
+
+
+def restored(
+    restoration: Restoration | None, rendered: list[dict[str, Any]], rollout: Rollout | None
+) -> tuple[list[EncodedChild], list[str]]:
+    """The children of the serving generation, while it is not the spec's, that are gone: those
+    the spec, `rendered` at that generation (render_at), renders exactly as it recorded them, to
+    create anew, and why the others cannot be."""
+    if restoration is None or rollout is None:
+        return [], []
+    children, lost = restore(restoration, rendered, rollout)
+    return [encoded(child) for child in children], [lost] if lost else []
+
+
+def restoration(rollout: Rollout | None, observed: Observed, idep: InferaDeployment) -> Restoration | None:
     """The recorded workloads (and picker companions) of the generation that serves, while it is
     not the spec's, that are not observed; None when none are gone, or it recorded nothing (a
     generation made before templates were recorded: its pools then say they are short)."""
+    if rollout is None:
+        return None
     generation = rollout.serving
     recorded = generations.recorded_templates(idep, observed, generation) if generation != rollout.desired else None
     if recorded is None:

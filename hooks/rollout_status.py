@@ -4,8 +4,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from hooks.api.graph import InferaDeployment
-from hooks.api.status import PoolProgress, RolloutPhase, RolloutStatus
-from hooks.conditions import Clock
+from hooks.api.status import Clock, PoolProgress, RolloutPhase, RolloutStatus
 from hooks.contract import field_at
 from hooks.generations import Rollout, named
 from hooks.observed import Observed, as_int, current_ready, observed_workload

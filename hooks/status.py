@@ -15,6 +15,7 @@ from hooks import conditions, gateway_status, scheduling, service_status
 from hooks.answer import Children
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import (
+    Clock,
     Condition,
     GaieStatus,
     InferaDeploymentStatus,
@@ -23,12 +24,11 @@ from hooks.api.status import (
     ServiceStatus,
     State,
 )
-from hooks.conditions import Clock, Stamp
+from hooks.conditions import Stamp
 from hooks.contract import HookRequest
 from hooks.encoding import EncodedChild, canonical_json
 from hooks.generations import Rollout, belongs_to_a_generation, generation_of
 from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload, services_changing
-from hooks.registration import defaults_left_out
 from hooks.render import RenderInputs
 from hooks.rollout_status import rollout_status
 from hooks.scheduling import Unscheduled
@@ -111,15 +111,16 @@ def inputs_of(
     rendered_from: RenderInputs,
     answered: Children,
     rollout: Rollout | None,
+    left_out: Sequence[str] = (),
 ) -> StatusInputs:
     """What the roll-up reads of a sync of `idep` (at the desired generation), rendered from
-    `rendered_from`, that answers `answered`."""
+    `rendered_from`, that answers `answered`; `left_out`: registration.defaults_left_out."""
     answer = answered.answer
     keys = {(child.kind, child.name) for child in answer}
     notices = [
         *answered.notices,
         *service_status.autoscaler_notices(idep, rendered_from.live_replicas, keys),
-        *defaults_left_out(idep, request.registered),
+        *left_out,
     ]
     missing, coming = _not_observed(request.by_key, answer, rollout)
     return StatusInputs.of(

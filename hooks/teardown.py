@@ -29,8 +29,7 @@ from typing import Any
 from hooks import conditions
 from hooks.api.fields import SpecError
 from hooks.api.graph import InferaDeployment
-from hooks.api.status import Condition, ConditionStatus
-from hooks.conditions import TIME_FORMAT, Clock, utc_now
+from hooks.api.status import TIME_FORMAT, Clock, Condition, ConditionStatus, utc_now
 from hooks.contract import HookRequest, as_kept, as_last_applied, child_key, field_at
 from hooks.observed import as_int, service_of
 from hooks.renderers.pods import pod_template as workload_template

@@ -1,5 +1,7 @@
 """The InferaDeployment's status, as the hook writes it on every sync."""
 
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import Field, WithJsonSchema
@@ -7,6 +9,14 @@ from pydantic import Field, WithJsonSchema
 from hooks.api.fields import ApiModel
 
 ConditionStatus = Literal["True", "False", "Unknown"]
+# Every hook takes the time its conditions are stamped with from one of these: a test passes its own.
+Clock = Callable[[], datetime]
+# A condition's time, as the API server stores it.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 class Condition(ApiModel):
