@@ -24,6 +24,7 @@ from hooks import reconcile
 from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request
 from hooks.encoding import canonical_json
 from hooks.memo import RenderMemo
+from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import REPO
 from tests.support.requests import controller, observed_as_applied, parent, request_body
 from tests.support.specs import idep, mutated_specs, valid_specs
@@ -122,9 +123,7 @@ def test_the_service_answers_distinct_requests_as_a_fresh_render(hooks) -> None:
 
 
 def small_parent(name: str) -> dict[str, Any]:
-    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
-    obj["metadata"]["name"] = name
-    return obj
+    return graph(name).obj()
 
 
 def test_the_memo_keeps_to_its_bound_least_recently_used_out() -> None:
@@ -140,38 +139,40 @@ def test_the_memo_keeps_to_its_bound_least_recently_used_out() -> None:
     assert kept == names[-len(kept) :] and 2 <= len(kept) < len(names)
 
 
-def memo_shapes() -> dict[str, dict[str, Any]]:
+# The services of the PD example.
+PD_SERVICES = ("server", "prefill", "decode")
+
+
+def memo_shapes() -> dict[str, GraphBuilder]:
     """Parents whose memory is mostly parsed models, plain JSON objects, short or long strings."""
-    shapes = {"a PD graph": small_parent("g")}
+    shapes = {"a PD graph": graph("g")}
 
-    def shaped(name: str, service: dict[str, Any], spec: dict[str, Any] | None = None) -> None:
-        obj = small_parent(name)
-        obj["spec"].update(spec or {})
-        for each in obj["spec"]["services"].values():
-            each.update(copy.deepcopy(service))
-        shapes[name] = obj
+    def shaped(name: str, **service: Any) -> GraphBuilder:
+        shapes[name] = graph(name)
+        for each in PD_SERVICES:
+            shapes[name].service(each, **service)
+        return shapes[name]
 
-    shaped("6,000 envs", {}, {"envs": [{"name": f"VAR_{j:05d}", "value": f"value-{j}"} for j in range(6000)]})
+    shaped("6,000 envs").envs(*({"name": f"VAR_{j:05d}", "value": f"value-{j}"} for j in range(6000)))
     field_ref = {"fieldRef": {"fieldPath": "status.podIP"}}
-    shaped("1,000 envs from fields", {}, {"envs": [{"name": f"V{j}", "valueFrom": field_ref} for j in range(1000)]})
-    shaped("1,000 args each", {})
-    for each in shapes["1,000 args each"]["spec"]["services"].values():
-        each["args"] = each.get("args", []) + [f"--flag-{j}" for j in range(1000)]
-    shaped("1,000 annotations each", {"podAnnotations": {f"example.com/k{j}": "x" * 50 for j in range(1000)}})
+    shaped("1,000 envs from fields").envs(*({"name": f"V{j}", "valueFrom": field_ref} for j in range(1000)))
+    many_args = shaped("1,000 args each")
+    for each in PD_SERVICES:
+        many_args.add_args(each, *(f"--flag-{j}" for j in range(1000)))
+    shaped("1,000 annotations each", podAnnotations={f"example.com/k{j}": "x" * 50 for j in range(1000)})
     env = [{"name": f"E{j}", "value": "v"} for j in range(500)]
-    shaped("extraPodSpec", {"extraPodSpec": {"containers": [{"name": "main", "env": env}]}})
-    shaped("a long annotation each", {"podAnnotations": {"example.com/note": "x" * 60_000}})
+    shaped("extraPodSpec", extraPodSpec={"containers": [{"name": "main", "env": env}]})
+    shaped("a long annotation each", podAnnotations={"example.com/note": "x" * 60_000})
     return shapes
 
 
 def test_the_memo_counts_what_its_entries_take() -> None:
     """What the memo counts is what tracemalloc sees it keep (parsed models, children,
     statuses and its own bookkeeping), within a few percent, whatever a spec is made of."""
-    for shape, (name, obj) in enumerate(memo_shapes().items()):
+    for shape, (name, built) in enumerate(memo_shapes().items()):
         bodies = []
         for index in range(2):
-            distinct = copy.deepcopy(obj)
-            distinct["metadata"]["name"] = f"g{shape}-{index}"
+            distinct = built.name(f"g{shape}-{index}").obj()
             bodies.append(json.dumps(request_body(distinct)).encode())
         first = reconcile.sync_answer(parse_request(json.loads(bodies[0])), memo=RenderMemo(0))  # caches filled
         assert first.state != "failed", name
@@ -198,17 +199,12 @@ def test_a_memo_of_no_bytes_keeps_nothing() -> None:
 
 def test_each_parent_keeps_its_latest_renders_only() -> None:
     memo = RenderMemo()
-    obj = small_parent("g")
-    obj["spec"]["services"]["decode"]["autoscaling"] = {
-        "minReplicas": 1,
-        "maxReplicas": 10,
-        "metrics": [
-            {
-                "type": "Resource",
-                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
-            }
-        ],
-    }
+    cpu = {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}
+    obj = (
+        graph("g")
+        .autoscaling("decode", minReplicas=1, maxReplicas=10, metrics=[{"type": "Resource", "resource": cpu}])
+        .obj()
+    )
     first = reconcile.sync(parse_request(request_body(obj)))["children"]
     for replicas in range(1, 9):  # the autoscaler moves: a new render each time
         observed = observed_as_applied(first, {}, replicas)
