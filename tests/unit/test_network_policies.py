@@ -12,6 +12,7 @@ from hooks.render import render_children
 from hooks.renderers import nats, network
 from hooks.renderers.env import operator_env
 from hooks.runtime import Process, client_url
+from tests.support.graphs import graph
 from tests.support.inline_specs import GAIE, SERVER, WORKER, build, labels, selector, valid
 from tests.support.requests import PD, children_by_key, controller, parent, request_body
 
@@ -299,33 +300,27 @@ def test_without_the_policy_kind_registered_the_brokers_is_left_out_and_said(hoo
         "no NetworkPolicy for the NATS broker, so any pod of the cluster may connect to it: this CompositeController "
         "does not register NetworkPolicy (networking.k8s.io/v1); enable it in metacontroller/compositecontroller.yaml"
     )
-    obj = parent(PD)
-    obj["spec"]["networkPolicy"] = {"isolate": "broker"}
-    answer = hooks.hook("/sync", request_body(obj, composite=composite))
+    answer = hooks.hook("/sync", request_body(graph().network_policy(isolate="broker").obj(), composite=composite))
     assert answer["status"]["state"] == "failed"
     assert "NetworkPolicy qwen-pd-nats cannot be created" in answer["status"]["message"]
     assert ("StatefulSet", "qwen-pd-nats") not in children_by_key(answer)
     # Nothing to say where no policy was wanted.
-    for spec in ({"networkPolicy": {"isolate": "none"}}, {"nats": {"deploy": False}}):
-        obj = parent(PD)
-        obj["spec"].update(spec)
-        answer = hooks.hook("/sync", request_body(obj, composite=composite))
+    for unwanted in (graph().network_policy(isolate="none"), graph().nats(deploy=False)):
+        answer = hooks.hook("/sync", request_body(unwanted.obj(), composite=composite))
         assert "NetworkPolicy" not in answer["status"]["message"], answer["status"]["message"]
 
 
 def test_a_service_on_the_nodes_network_leaves_the_default_broker_policy_out_and_says_why(hooks) -> None:
     """A hostNetwork pod's traffic is the node's to most network plugins: the default policy
     would cut it off from the broker on upgrade. Asked for, the policy is rendered."""
-    obj = parent(PD)
-    obj["spec"]["services"]["decode"]["extraPodSpec"] = {"hostNetwork": True}
-    answer = hooks.sync(obj)
+    on_the_node = graph().extra_pod_spec("decode", hostNetwork=True)
+    answer = hooks.sync(on_the_node.obj())
     assert [key for key in children_by_key(answer) if key[0] == "NetworkPolicy"] == []
     assert answer["status"]["message"].endswith(
         "no NetworkPolicy for the NATS broker, so any pod of the cluster may connect to it: decode runs on the "
         "node's network, which a policy cannot tell from the node's own traffic; set networkPolicy.isolate to "
         "broker to have it anyway (then those pods reach the broker only from its node)"
     )
-    obj["spec"]["networkPolicy"] = {"isolate": "broker"}
-    answer = hooks.sync(obj)
+    answer = hooks.sync(on_the_node.network_policy(isolate="broker").obj())
     assert ("NetworkPolicy", "qwen-pd-nats") in children_by_key(answer)
     assert "NetworkPolicy" not in answer["status"]["message"]
