@@ -7,6 +7,7 @@ import pytest
 
 from hooks import teardown
 from hooks.contract import parse_request
+from tests.support.graphs import graph
 from tests.support.requests import PD, parent, request_body
 
 WORKER = {"infera.amd.com/deployment": "qwen-pd", "infera.amd.com/component": "worker"}
@@ -76,11 +77,8 @@ def test_pools_are_the_specs_workers_or_services_it_does_not_name() -> None:
     """A pool the spec calls a server holds nothing; one it does not name (or not readably) is
     taken for a worker's."""
     prefill = pod("a", PREFILL, ("ReplicaSet", "qwen-pd-prefill-7d9f8b6c5"))
-    spec = parent(PD)["spec"]
-    spec["services"]["prefill"]["componentType"] = "server"
-    assert holding(prefill, spec=spec) == []
-    del spec["services"]["prefill"]
-    assert holding(prefill, spec=spec) == ["a"]
+    assert holding(prefill, spec=graph().service("prefill", componentType="server").obj()["spec"]) == []
+    assert holding(prefill, spec=graph().without("prefill").obj()["spec"]) == ["a"]
     assert holding(prefill, spec={"services": "unreadable"}) == ["a"]
 
 
