@@ -8,6 +8,7 @@ import pytest
 
 from hooks import reconcile
 from hooks.contract import parse_request
+from tests.support.graphs import graph
 from tests.support.prerequisites import SHARED, need
 from tests.support.requests import PD, observed_as_applied, parent, request_body
 from tests.support.service import HookClient, start_server
@@ -217,9 +218,8 @@ def test_metacontroller_sample_envelopes_parse(hooks) -> None:
 
 
 def test_immutable_claim_template_is_kept_and_reported(hooks) -> None:
-    obj = parent(PD)
-    observed = [applied(child) for child in hooks.sync(obj)["children"]]
-    obj["spec"]["nats"] = {"deploy": True, "storageSize": "20Gi"}
+    observed = [applied(child) for child in hooks.sync(parent(PD))["children"]]
+    obj = graph().nats(deploy=True, storageSize="20Gi").obj()
     answer = hooks.sync(obj, observed)
     (statefulset,) = [c for c in answer["children"] if c["kind"] == "StatefulSet"]
     claim = statefulset["spec"]["volumeClaimTemplates"][0]

@@ -15,8 +15,9 @@ import yaml
 
 from hooks.contract import DEFAULT_MAX_REQUEST_BYTES
 from hooks.quantity import quantity_value
+from tests.support.graphs import graph
 from tests.support.prerequisites import REPO, need
-from tests.support.requests import PD, parent, request_body
+from tests.support.requests import request_body
 from tests.support.service import HookClient, RunningServer, running_server
 
 # What the limit must keep free beyond the worst case measured here: another allocator's or
@@ -47,9 +48,8 @@ def pss_bytes(pids: list[int]) -> int:
 def env_heavy_body(index: int) -> bytes:
     """A distinct parent with 6,000 environment variables: its parsed spec and its children
     take megabytes of a worker's memo."""
-    obj = parent(PD)
-    obj["metadata"]["name"] = f"env-heavy-{index}"
-    obj["spec"]["envs"] = [{"name": f"VAR_{j:05d}", "value": f"value-{j}"} for j in range(6000)]
+    envs = [{"name": f"VAR_{j:05d}", "value": f"value-{j}"} for j in range(6000)]
+    obj = graph(f"env-heavy-{index}").envs(*envs).obj()
     return json.dumps(request_body(obj)).encode()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.graphs import graph
 from tests.support.prerequisites import need
 from tests.support.requests import PD, big_graph, children_by_key, parent, request_body
 from tests.support.service import HookClient, RunningServer, read_reply, running_server, scrape, stop_process
@@ -187,9 +188,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def with_patches(*patches: dict) -> dict:
-    obj = parent(PD)
-    obj["spec"]["patches"] = list(patches)
-    return obj
+    return graph().patches(*patches).obj()
 
 
 DOUBLING_BOMB = {
