@@ -6,7 +6,6 @@ serving one. Every status the API server stores is read through a watch (what `k
 idep -w` shows), every write from its audit log.
 """
 
-import copy
 import json
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -18,10 +17,9 @@ import pytest
 from hooks.vocabulary import GENERATION_LABEL
 from tests.cluster.test_graphs import columns, eventually, get, metacontroller_writes, wait_graph_ready
 from tests.support.cluster import NODE_NAMES, Cluster, versions_of
+from tests.support.graphs import graph
 from tests.support.localcluster import Installed
 from tests.support.metacontroller import USER as METACONTROLLER_USER
-from tests.support.prerequisites import REPO
-from tests.support.requests import load_yaml
 
 NAME = "qwen-bg"
 SERVICES = ("decode", "prefill", "server")
@@ -37,9 +35,7 @@ def deployments_of(generation: str) -> set[str]:
 def stable_graph(installed: Installed, namespace: str) -> dict[str, Any]:
     """examples/pd-disaggregated.yaml as `NAME` under BlueGreen, ready and Stable on kwok nodes."""
     cluster = installed.cluster
-    (idep,) = copy.deepcopy(load_yaml(REPO / "examples" / "pd-disaggregated.yaml"))
-    idep["metadata"] = {"name": NAME, "namespace": namespace}
-    idep["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    idep = graph(NAME).namespace(namespace).blue_green().manifest()
     applied = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(idep))
     assert applied.returncode == 0, applied.stderr
     wait_graph_ready(installed, namespace, NAME)

@@ -4,7 +4,6 @@ node takes, and a BlueGreen front door deleted or edited mid-rollout. What the g
 read from `kubectl get idep` and a watch of its versions; who wrote what, from the audit log.
 """
 
-import copy
 import http.server
 import json
 import threading
@@ -40,10 +39,10 @@ from tests.cluster.test_graphs import (
     set_hook_urls,
 )
 from tests.support.cluster import Cluster
+from tests.support.graphs import graph
 from tests.support.localcluster import Installed
 from tests.support.metacontroller import USER as METACONTROLLER_USER
-from tests.support.prerequisites import REPO
-from tests.support.requests import controller, load_yaml
+from tests.support.requests import controller
 
 PD_NAME = "qwen-faults"
 # The hooks' timeout the bundle's CompositeController gives Metacontroller ("10s").
@@ -53,8 +52,7 @@ HOOK_TIMEOUT_SECONDS = int(controller()["spec"]["hooks"]["sync"]["webhook"]["tim
 def ready_pd_graph(installed: Installed, namespace: str) -> dict[str, Any]:
     """examples/pd-disaggregated.yaml as `PD_NAME`, Ready on kwok nodes."""
     cluster = installed.cluster
-    (idep,) = copy.deepcopy(load_yaml(REPO / "examples" / "pd-disaggregated.yaml"))
-    idep["metadata"] = {"name": PD_NAME, "namespace": namespace}
+    idep = graph(PD_NAME).namespace(namespace).manifest()
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(idep))
     wait_for(cluster, namespace, "Ready", 180)
     return get(cluster, "-n", namespace, "idep", PD_NAME)

@@ -16,9 +16,9 @@ from hooks.api import name_rules
 from hooks.api.rules import AUTOSCALING_RANGE_RULE
 from tests.support.controlplane import KUBERNETES_VERSION, programs, running_cluster
 from tests.support.docs import readme_local_cluster
+from tests.support.graphs import graph
 from tests.support.pod_security import LEVELS, documented_levels, pod_templates, rendered
 from tests.support.prerequisites import REPO, need, need_schemas
-from tests.support.requests import PD, parent
 
 
 def version_of(program: str, *flags: str) -> str:
@@ -85,9 +85,7 @@ def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -
         assert "  componentType\t<string> -required-\n  enum: server, worker\n" in explained.stdout
 
         # A rule of the CRD's, in the real API server's words.
-        obj = parent(PD)
-        obj["metadata"]["namespace"] = "default"
-        obj["spec"]["services"]["decode"]["autoscaling"] = {"minReplicas": 3, "maxReplicas": 2, "metrics": [{}]}
+        obj = graph().namespace("default").autoscaling("decode", minReplicas=3, maxReplicas=2, metrics=[{}]).obj()
         refused = subprocess.run(
             [*kubectl, "apply", "-f", "-"], input=json.dumps(obj), capture_output=True, text=True, timeout=60
         )
@@ -99,19 +97,21 @@ def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -
 
 
 def with_service(name: str, **fields: Any) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["metadata"]["namespace"] = "default"
-    obj["spec"]["services"][name] = {"componentType": "worker"} | fields
-    return obj
+    return graph().namespace("default").worker(name, **fields).obj()
 
 
 def with_gateway(name: str) -> dict[str, Any]:
-    obj = parent(PD)
-    obj["metadata"] |= {"name": name, "namespace": "default"}
-    obj["spec"] |= {"nats": {"deploy": False}, "rollout": {"strategy": "BlueGreen"}}
-    obj["spec"]["gaie"] = {"enabled": True, "tokenizerPath": "Qwen/Qwen3-0.6B", "gatewayName": "gw"}
-    obj["spec"]["services"] = {"a": {"componentType": "worker"}, "b": {"componentType": "server"}}
-    return obj
+    return (
+        graph(name)
+        .namespace("default")
+        .nats(deploy=False)
+        .blue_green()
+        .gaie(enabled=True, tokenizerPath="Qwen/Qwen3-0.6B", gatewayName="gw")
+        .only()
+        .worker("a")
+        .server("b")
+        .obj()
+    )
 
 
 def test_the_real_api_server_holds_names_to_the_names_table_in_the_hooks_words(cluster: Path) -> None:
