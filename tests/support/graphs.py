@@ -2,7 +2,8 @@
 
 In the spirit of LeaderWorkerSet's test/wrappers: `graph()` starts from an example (the PD
 graph of examples/pd-disaggregated.yaml unless told otherwise) as `parent()` hands it over,
-every method changes one thing and returns the builder, and `.obj()` returns the plain dict:
+every method changes one thing and returns the builder, and `.obj()` returns the plain dict
+(`.manifest()`: as a user applies it, without uid, generation and resourceVersion):
 
     graph().replicas(decode=2).blue_green().obj()
     graph("qwen-gaie", source=GAIE_PD).epp_replicas(3).obj()
@@ -10,12 +11,15 @@ every method changes one thing and returns the builder, and `.obj()` returns the
 
 What a method is given is copied in, so a test's constants are never changed through the
 builder. A value of None removes the field (as a JSON merge patch does): `.image(None)`,
-`.service("prefill", args=None)`. A method named for a section of the spec (`nats`, `gaie`,
-`rollout`, `modelCache`, ...) sets the whole section to what it is given, whatever the example
-had there; a service's methods change the fields they name and keep its others.
+`.service("prefill", args=None)`, `.gaie(tokenizerPath=None)`. A method named for a section of
+the spec (`nats`, `gaie`, `rollout`, `model_cache`, ...) sets the whole section to what it is
+given, whatever the example had there (`gaie` and `model_cache` start from a gateway and a cache
+that render); `epp_replicas` and `retain_nats_storage` set their one field and keep the rest. A
+service's methods change the fields they name and keep its others.
 
-It builds well-formed specs. A test whose point is a malformed one (a wrong type where the
-schema says otherwise, an unknown field, a hostile request) writes that dict by hand.
+It builds specs of the API's shape, valid or breaking a rule. A test whose point is a malformed
+one (a wrong type, an unknown field, a hostile request) writes that dict by hand; so does an
+edit of a running graph (Metacontroller.edit), which changes a live parent, not a new one.
 """
 
 import copy
