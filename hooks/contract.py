@@ -75,21 +75,12 @@ def _registered(body: dict[str, Any]) -> frozenset[Kind] | None:
     if isinstance(resources, list):
         keys = [(entry.get("apiVersion"), entry.get("resource")) for entry in resources if isinstance(entry, dict)]
         # A key of anything but strings is in no table: only strings are looked up.
-        strings = tuple(key for key in keys if isinstance(key[0], str) and isinstance(key[1], str))
-        # A hand-written list may be huge: only a list a CompositeController could hold is kept.
-        return _registered_kinds(strings) if len(strings) <= len(CHILD_KINDS) else _kinds_of(strings)
+        strings = [key for key in keys if isinstance(key[0], str) and isinstance(key[1], str)]
+        return frozenset((CHILD_KINDS[key], key[0]) for key in strings if key in CHILD_KINDS)
     children = body.get("children")
     if isinstance(children, dict) and children:
         return frozenset(tuple(key.split(".", 1)) for key in children if "." in key)
     return None
-
-
-def _kinds_of(keys: tuple[tuple[Any, Any], ...]) -> frozenset[Kind]:
-    return frozenset((CHILD_KINDS[key], key[0]) for key in keys if key in CHILD_KINDS)
-
-
-# Every request of a CompositeController lists the same child resources.
-_registered_kinds = functools.lru_cache(maxsize=16)(_kinds_of)
 
 
 def _objects(group: Any, where: str) -> list[dict[str, Any]]:

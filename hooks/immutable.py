@@ -171,10 +171,8 @@ def keep_immutable_fields(
     return answer, notices
 
 
-@functools.lru_cache(maxsize=256)
 def _edited(body: bytes, edits: bytes) -> EncodedChild:
-    """A child's body with fields set, `[path, value]`, or removed, `[path]`. Every sync of a
-    claim template that the API server filled in makes the same edit to the same memoised child."""
+    """A child's body with fields set, `[path, value]`, or removed, `[path]`."""
     child = json.loads(body)
     for path, *value in json.loads(edits):  # the standard library's: exact for any number
         parent = field_at(child, *path[:-1])

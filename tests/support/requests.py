@@ -9,7 +9,8 @@ from typing import Any
 import jsonpatch
 import yaml
 
-from hooks.contract import LAST_APPLIED_ANNOTATION
+from hooks import reconcile
+from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request
 from hooks.vocabulary import CHILD_KINDS
 from tests.support.prerequisites import REPO, SHARED
 
@@ -189,3 +190,20 @@ def observed_as_applied(children: list[dict[str, Any]], status: dict[str, Any], 
         stored["status"] = copy.deepcopy(status)
         observed.append(stored)
     return observed
+
+
+def converged_bodies(count: int) -> list[bytes]:
+    """Distinct requests of one converged PD graph: only resourceVersions and a ready count move."""
+    obj = parent(PD)
+    children = reconcile.sync(parse_request(request_body(obj)))["children"]
+    bodies = []
+    for version in range(2, 2 + count):
+        ready = version % 2
+        observed = observed_as_applied(
+            children, {"replicas": 1, "readyReplicas": ready, "updatedReplicas": 1, "observedGeneration": 1}, version
+        )
+        world = copy.deepcopy(obj)
+        world["metadata"]["resourceVersion"] = str(version)
+        world["status"] = reconcile.sync(parse_request(request_body(world, observed)))["status"]
+        bodies.append(json.dumps(request_body(world, observed)).encode())
+    return bodies

@@ -26,7 +26,7 @@ from hooks.encoding import canonical_json
 from hooks.memo import RenderMemo
 from tests.support.graphs import GraphBuilder, graph
 from tests.support.prerequisites import REPO
-from tests.support.requests import controller, observed_as_applied, parent, request_body
+from tests.support.requests import controller, converged_bodies, observed_as_applied, parent, request_body
 from tests.support.specs import idep, mutated_specs, valid_specs
 
 START = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -93,23 +93,6 @@ def test_memoised_answers_are_the_fresh_answers_byte_for_byte(bodies: list[dict[
         assert memoised == fresh
         # The splice is what encoding the whole answer at once writes.
         assert memoised == canonical_json(json.loads(memoised))
-
-
-def converged_bodies(count: int) -> list[bytes]:
-    """Distinct requests of one converged PD graph: only resourceVersions and a ready count move."""
-    obj = parent(REPO / "examples" / "pd-disaggregated.yaml")
-    children = reconcile.sync(parse_request(request_body(obj)))["children"]
-    bodies = []
-    for version in range(2, 2 + count):
-        ready = version % 2
-        observed = observed_as_applied(
-            children, {"replicas": 1, "readyReplicas": ready, "updatedReplicas": 1, "observedGeneration": 1}, version
-        )
-        world = copy.deepcopy(obj)
-        world["metadata"]["resourceVersion"] = str(version)
-        world["status"] = reconcile.sync(parse_request(request_body(world, observed)))["status"]
-        bodies.append(json.dumps(request_body(world, observed)).encode())
-    return bodies
 
 
 def test_the_service_answers_distinct_requests_as_a_fresh_render(hooks) -> None:
