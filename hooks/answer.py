@@ -1,42 +1,30 @@
-"""The sync's answer besides its status: the desired children with what the rollout keeps or
-restores, less what the controller cannot create, with what cannot change as stored; or, for a
-spec that cannot be rendered, every observed child as applied."""
+"""The sync's answer: the children to answer, less what the controller cannot create and with
+what cannot change as stored, or, for a spec that cannot be rendered, every observed child as
+applied; and the answer as it is sent."""
 
 from dataclasses import dataclass
-from typing import Any
 
-from hooks import registration, rollout
+from hooks import registration
 from hooks.contract import HookRequest
 from hooks.encoding import EncodedChild, sync_answer_json
-from hooks.generations import Rollout
 from hooks.immutable import keep_immutable_fields, kept_as_applied
-from hooks.rollout import Restoration
 
 
 @dataclass(frozen=True)
-class Children:
+class AnsweredChildren:
     """The children to answer, and what the status says of what could not be answered."""
 
-    answer: list[EncodedChild]
+    children: list[EncodedChild]
     notices: list[str]  # changes that could not be applied
-    unregistered: list[str]  # children of kinds the controller does not register
-    lost: list[str]  # children of the serving generation this spec cannot make again
+    unregistered: list[str]  # children withheld: the controller does not register their kind
 
 
-def children(
-    request: HookRequest,
-    desired: list[EncodedChild],
-    plan: Rollout | None,
-    restoration: Restoration | None = None,
-    rendered_at_serving: list[dict[str, Any]] | None = None,
-) -> Children:
-    """The answer whose rendered children are `desired`; under a rollout whose serving generation
-    lost children (`restoration`), with those the spec `rendered_at_serving` makes as recorded."""
-    restored, lost = rollout.restored(restoration, rendered_at_serving or [], plan)
-    answer = desired + rollout.kept_generations(request, plan) + restored
-    answer, unregistered = registration.withhold_unregistered(request.registered, answer, request.children)
-    answer, notices = keep_immutable_fields(answer, request.by_key)
-    return Children(answer, notices, unregistered, lost)
+def answered(request: HookRequest, proposed: list[EncodedChild]) -> AnsweredChildren:
+    """`proposed` (rendered, kept and restored children) as they can be answered: services that
+    hold a child of an unregistered kind kept as observed, fields that cannot change as stored."""
+    children, unregistered = registration.withhold_unregistered(request.registered, proposed, request.children)
+    children, notices = keep_immutable_fields(children, request.by_key)
+    return AnsweredChildren(children, notices, unregistered)
 
 
 def observed_as_applied(request: HookRequest) -> list[EncodedChild]:

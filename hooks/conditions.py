@@ -72,6 +72,8 @@ def ready(stamp: Stamp, unregistered: Sequence[str], verdict: tuple[bool, str, s
 
 
 def child_kinds_registered(stamp: Stamp, unregistered: Sequence[str]) -> Condition:
+    """ChildKindsRegistered: the controller registers every kind the spec needs, or which
+    children it withholds (`unregistered`)."""
     if unregistered:
         return stamp.condition("ChildKindsRegistered", "False", "KindNotRegistered", "; ".join(unregistered))
     return stamp.condition(
@@ -119,6 +121,7 @@ MODEL_READY: dict[str, tuple[ConditionStatus, str]] = {
 
 
 def model_ready(stamp: Stamp, cache: ModelCacheStatus) -> Condition:
+    """ModelReady: where the model cache's download is."""
     return stamp.condition("ModelReady", *MODEL_READY[cache.phase], cache.message)
 
 
@@ -133,6 +136,7 @@ PROGRESSING: dict[str, tuple[ConditionStatus, str]] = {
 
 
 def progressing(stamp: Stamp, rollout: RolloutStatus) -> Condition:
+    """Progressing: the rollout moves on, or stalled past its deadline."""
     return stamp.condition("Progressing", *PROGRESSING[rollout.phase], rollout.message)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import orjson
 from packaging.requirements import Requirement
@@ -37,6 +37,7 @@ from hooks.api.graph import InferaDeployment, ParentMeta
 from hooks.encoding import EncodedChild
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def dependency_versions(distribution: str) -> dict[str, str]:
@@ -81,17 +82,18 @@ def build_digest(package: Path, versions: dict[str, str]) -> bytes:
 BUILD_DIGEST = build_digest(Path(__file__).parent, dependency_versions(DISTRIBUTION))
 # The parent's metadata a render reads (InferaDeployment.from_parent parses only these).
 PARENT_FIELDS = tuple(ParentMeta.model_fields)
-# Renders and status roll-ups kept per parent: the current one and the one before, which the
-# observed children may return to (a sync in flight with an older world, a pod flapping).
+# Results kept per parent and remembered function: the current one and the one before, which
+# the observed children may return to (a sync in flight with an older world, a pod flapping).
 KEPT_PER_PARENT = 2
 # Per gunicorn worker, counted as the memory the entries take (retained_bytes): room for about
 # 1,300 PD graphs (32 KB each: 20 KB of children, 11 KB of parsed model, the rest the status
 # and bookkeeping), what keeps a worker under 100 MB (docs/performance.md).
 MEMO_BYTES = 40 * 1024 * 1024
 # What the memo's own bookkeeping takes beside the values it measures: a parent's entry (its
-# object, its digest, its two tables and its place in the memo), and a kept render's or status's
-# key and place in its table.
+# object, its digest, its table of tables and its place in the memo), a remembered function's
+# table, and a kept result's key and place in its table.
 ENTRY_OVERHEAD = 1000
+TABLE_OVERHEAD = 200
 KEPT_OVERHEAD = 200
 
 # What a remembered call returned, or the SpecError message it raised (raised afresh each time).
@@ -114,6 +116,18 @@ class ParentEntry:
         if isinstance(self.parsed, str):
             raise SpecError(self.parsed)
         return self.parsed
+
+    def kept(self, function: Callable[..., Any]) -> "OrderedDict[bytes, Any]":
+        """The results of `function` kept for this parent, oldest first."""
+        return self.tables.get(_table_name(function), OrderedDict())
+
+
+def _table_name(function: Callable[..., Any]) -> str:
+    """A remembered function's name: a module's own function, so that no two share a table."""
+    name = f"{function.__module__}.{function.__qualname__}"
+    if "<" in name:  # a lambda or a local function: another of the same name may compute otherwise
+        raise ValueError(f"{name} cannot be remembered: only a module's own functions can")
+    return name
 
 
 # Objects every value shares rather than holds.
@@ -193,6 +207,13 @@ def _identity(parent: dict[str, Any]) -> tuple[bytes, bytes]:
     return document, _digest(document)
 
 
+def _check_graphs(entry: ParentEntry, args: tuple[Any, ...]) -> None:
+    """A parsed graph in a key stands for its generation alone (_plain): it must be the entry's."""
+    for arg in args:
+        if isinstance(arg, InferaDeployment) and (isinstance(entry.parsed, str) or arg.spec is not entry.parsed.spec):
+            raise ValueError("a remembered call's graph must be its parent entry's")
+
+
 class ReadClock:
     """A clock that remembers whether it was read."""
 
@@ -240,16 +261,17 @@ class RenderMemo:
         self._store(entry)
         return entry
 
-    def remembered(self, entry: ParentEntry, function: Callable[..., T], *args: Any) -> T:
-        """What `function` (pure: plain data and the parent's graph in, plain data out) returns for
-        `args`, from the memo when it was called with them for this parent before. A SpecError
-        is remembered and raised again."""
+    def remembered(self, entry: ParentEntry, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """What `function` (pure: plain data and the parent's graph in, plain data out, which
+        nobody changes) returns for these arguments, from the memo when it was called with them
+        for this parent before. A SpecError is remembered and raised again."""
+        _check_graphs(entry, args)
         table = self._table(entry, function)
-        key = key_of(args)
+        key = key_of([args, kwargs])
         result: Result | None = self._get(table, key)
         if result is None:
             try:
-                result = (True, function(*args))
+                result = (True, function(*args, **kwargs))
             except SpecError as error:
                 result = (False, str(error))
             self._add(entry, table, key, result)
@@ -264,6 +286,7 @@ class RenderMemo:
         """What `roll_up(*args, clock)` returns, from the memo when it was called with these
         `args` for this parent before, and kept only when it did not read the clock: a
         condition changed then, and the same inputs later must get a later time."""
+        _check_graphs(entry, args)
         table = self._table(entry, roll_up)
         key = key_of(args)
         rolled_up: RolledUp | None = self._get(table, key)
@@ -275,8 +298,15 @@ class RenderMemo:
         return rolled_up
 
     def _table(self, entry: ParentEntry, function: Callable[..., Any]) -> "OrderedDict[bytes, Any]":
+        name = _table_name(function)
         with self._lock:
-            return entry.tables.setdefault(f"{function.__module__}.{function.__qualname__}", OrderedDict())
+            table = entry.tables.get(name)
+            if table is None:
+                table = entry.tables[name] = OrderedDict()
+                if self._entries.get(entry.digest) is entry:  # else the entry is not counted
+                    entry.size += TABLE_OVERHEAD
+                    self._bytes += TABLE_OVERHEAD
+            return table
 
     def _get(self, table: "OrderedDict[bytes, Any]", key: bytes) -> Any:
         with self._lock:

@@ -28,40 +28,52 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
     """The desired children and status. With a memo, what was computed for the same parent and
     inputs before is not computed again."""
     memo = memo or RenderMemo(0)
-    registered = request.registered
-    observed = request.by_key
     try:
         # 1. The typed graph, parsed once per spec: a spec that does not parse fails here.
         entry = memo.parent(request.parent)
         idep = entry.idep()
+        registered, observed = request.registered, request.by_key
         # 2. Which generations to answer. Under BlueGreen the spec's generation is a digest of
-        #    a render, and each observed generation is compared with the spec rendered at it.
-        compared = rollout.compared_generations(idep, observed)
+        #    a render, and an observed generation of another name is compared with the spec
+        #    rendered at it.
         spec_digest = (
             memo.remembered(entry, rollout.spec_generation, idep, registered)
-            if idep.spec.blue_green or compared
+            if idep.spec.blue_green or rollout.leaving_blue_green(idep, observed)
             else ""
         )
-        workloads = {g: memo.remembered(entry, rollout.workloads_at, idep, registered, g) for g in compared}
-        plan = rollout.plan(idep, observed, status.previous_status(request), spec_digest, workloads)
+        compared = {
+            generation: memo.remembered(entry, rollout.workloads_at, idep, registered, generation)
+            for generation in rollout.compared_generations(idep, observed, spec_digest)
+        }
+        plan = rollout.plan(idep, observed, status.previous_status(request), spec_digest, compared)
         idep = idep.at_generation(plan.desired if plan else "")
         # 3. What the render reads of the observed children (an autoscaler's count, the download).
         inputs = render.RenderInputs.of(idep, observed, plan)
         # 4. The desired children, rendered, checked and encoded.
         desired = memo.remembered(entry, render.desired_children, idep, registered, inputs)
-        # 5. The children of the serving generation that are gone, where it is not the spec's:
-        #    the spec rendered at it says which can be made again as recorded.
-        restoration = rollout.restoration(plan, observed, idep)
-        rendered_at_serving = (
-            memo.remembered(entry, render.render_children, *rollout.render_at(restoration, idep, registered, observed))
-            if restoration
-            else None
+        # 5. What the rollout keeps beside them: the generations still served, as applied, and
+        #    what the serving generation lost that the spec makes as it recorded.
+        kept = rollout.kept_generations(request, plan)
+        restoration = rollout.restoration_needed(plan, observed, idep)
+        restored, lost = (
+            memo.remembered(entry, rollout.restored_children, restoration, idep, registered, plan)
+            if restoration and plan
+            else ([], [])
         )
-        # 6. The answer: what the rollout keeps or restores beside them, less what the
-        #    controller cannot create, with what cannot change as stored.
-        answered = answer.children(request, desired, plan, restoration, rendered_at_serving)
-        # 7. The defaults the spec leaves out where the controller cannot create them.
+        # 6. The answer: less what the controller cannot create, with what cannot change as stored.
+        answered = answer.answered(request, [*desired, *kept, *restored])
+        # 7. The status's inputs: what was observed, what this answer does, what it could not.
         left_out = memo.remembered(entry, registration.defaults_left_out, idep, registered)
+        read = status.inputs_of(
+            idep,
+            request,
+            answered.children,
+            plan,
+            inputs.live_replicas,
+            notices=[*answered.notices, *left_out],
+            unregistered=answered.unregistered,
+            lost=lost,
+        )
     except SpecError as error:
         return _keep_observed(request, str(error), now)
     except Exception as error:  # a renderer bug must not delete a running fleet either
@@ -69,10 +81,9 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
         # Say what failed, not where: an exception's text can hold file paths and internals.
         message = f"internal error while rendering ({type(error).__name__}); the hook's log has the details"
         return _keep_observed(request, message, now)
-    # 8. The status, from what was observed and what this answer does.
-    read = status.inputs_of(idep, request, inputs, answered, plan, left_out)
+    # 8. The status, rolled up (or kept from an equal roll-up that did not read the clock).
     state, status_json = memo.rolled_up(entry, status.encoded_status, idep, read, now=now)
-    return SyncAnswer(state, status_json, answered.answer)
+    return SyncAnswer(state, status_json, answered.children)
 
 
 def _keep_observed(request: HookRequest, message: str, now: Clock) -> SyncAnswer:

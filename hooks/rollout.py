@@ -19,12 +19,16 @@ from hooks.generations import Recorded, Rollout, name_suffix, named, template_di
 from hooks.immutable import encoded, kept_as_applied
 from hooks.observed import Observed, listed_briefly, live_replicas, service_of
 from hooks.render import RenderInputs, render_children
-from hooks.vocabulary import EPP_SUFFIX, child_name, generation_name, pool_name
+from hooks.vocabulary import EPP_SUFFIX, WORKLOAD_KINDS, child_name, generation_name, pool_name
 
 
-def _rendered_at(idep: InferaDeployment, registration: Registration, generation: str) -> list[dict[str, Any]]:
-    """The spec's children at `generation`, its model downloaded: what its workloads run."""
-    inputs = RenderInputs(model_phase=None if idep.spec.model_cache is None else "Ready", serving=generation)
+def _rendered_at(
+    idep: InferaDeployment, registration: Registration, generation: str, live: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """The spec's children at `generation` as it would serve, its model downloaded (and its
+    autoscalers at `live`)."""
+    cache = None if idep.spec.model_cache is None else "Ready"
+    inputs = RenderInputs(live or {}, model_phase=cache, serving=generation)
     return render_children(idep.at_generation(generation), registration, inputs)
 
 
@@ -38,9 +42,21 @@ def workloads_at(idep: InferaDeployment, registration: Registration, generation:
     return generations.workload_digests(_rendered_at(idep, registration, generation))
 
 
-def compared_generations(idep: InferaDeployment, observed: Observed) -> list[str]:
-    """The observed generations that planning may compare with the spec (workloads_at): every
-    labelled one, for a graph under or leaving BlueGreen."""
+def leaving_blue_green(idep: InferaDeployment, observed: Observed) -> bool:
+    """Whether a graph outside BlueGreen still has a labelled generation: the switch is then
+    checked against the spec's generation (generations.check_switch)."""
+    return not idep.spec.blue_green and bool(generations.present(observed) - {""})
+
+
+def compared_generations(idep: InferaDeployment, observed: Observed, spec_digest: str) -> list[str]:
+    """The observed generations planning compares with the spec rendered at them (workloads_at):
+    under BlueGreen, those of workloads other than the spec's own (named_otherwise); leaving it,
+    every labelled one (check_switch reads the one still served)."""
+    if idep.spec.blue_green:
+        labelled = {
+            generations.generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS
+        }
+        return sorted(labelled - {"", spec_digest})
     return sorted(generations.present(observed) - {""})
 
 
@@ -52,8 +68,8 @@ def plan(
     compared: Mapping[str, dict[str, str]],
 ) -> Rollout | None:
     """Which generations to answer, or None for a graph that has only ever run outside BlueGreen.
-    `spec_digest`: the spec's generation (spec_generation; "" where nothing is compared);
-    `compared`: workloads_at each of compared_generations."""
+    `spec_digest`: the spec's generation (spec_generation; "" outside BlueGreen and not leaving
+    it); `compared`: workloads_at each of compared_generations."""
     desired = spec_digest if idep.spec.blue_green else ""
     recorded = field_at(previous, "rollout", "servingGeneration")
     recorded = recorded if isinstance(recorded, str) else None
@@ -89,35 +105,22 @@ class Restoration:
     # template digest the record holds for the picker they follow.
     companions: list[tuple[str, str]]
     picker: str | None
+    # The replicas its autoscaled services have now (their workloads are rendered at them).
+    live: dict[str, int]
 
 
-def render_at(
-    restoration: Restoration, idep: InferaDeployment, registration: Registration, observed: Observed
-) -> tuple[InferaDeployment, Registration, RenderInputs]:
-    """The arguments of render_children that render the spec at the generation to restore, as it
-    would serve: its autoscalers' counts, its model downloaded."""
-    at = idep.at_generation(restoration.generation)
-    cache = None if idep.spec.model_cache is None else "Ready"
-    return (
-        at,
-        registration,
-        RenderInputs(live_replicas(at, observed), model_phase=cache, serving=restoration.generation),
-    )
-
-
-def restored(
-    restoration: Restoration | None, rendered: list[dict[str, Any]], rollout: Rollout | None
+def restored_children(
+    restoration: Restoration, idep: InferaDeployment, registration: Registration, rollout: Rollout
 ) -> tuple[list[EncodedChild], list[str]]:
-    """The children of the serving generation, while it is not the spec's, that are gone: those
-    the spec, `rendered` at that generation (render_at), renders exactly as it recorded them, to
-    create anew, and why the others cannot be."""
-    if restoration is None or rollout is None:
-        return [], []
-    children, lost = restore(restoration, rendered, rollout)
+    """The children of `restoration` that the spec, rendered at its generation as it serves,
+    renders exactly as that generation recorded them, to create anew; and why the others cannot
+    be."""
+    rendered = _rendered_at(idep, registration, restoration.generation, restoration.live)
+    children, lost = _recreated(restoration, rendered, rollout)
     return [encoded(child) for child in children], [lost] if lost else []
 
 
-def restoration(rollout: Rollout | None, observed: Observed, idep: InferaDeployment) -> Restoration | None:
+def restoration_needed(rollout: Rollout | None, observed: Observed, idep: InferaDeployment) -> Restoration | None:
     """The recorded workloads (and picker companions) of the generation that serves, while it is
     not the spec's, that are not observed; None when none are gone, or it recorded nothing (a
     generation made before templates were recorded: its pools then say they are short)."""
@@ -137,10 +140,12 @@ def restoration(rollout: Rollout | None, observed: Observed, idep: InferaDeploym
     if picker is not None:
         wanted = [("Service", generation_name(at, EPP_SUFFIX)), ("InferencePool", pool_name(at))]
         companions = [key for key in wanted if key not in observed]
-    return Restoration(generation, record, missing, companions, picker) if missing or companions else None
+    if not missing and not companions:
+        return None
+    return Restoration(generation, record, missing, companions, picker, live_replicas(at, observed))
 
 
-def restore(
+def _recreated(
     restoration: Restoration, rendered: list[dict[str, Any]], rollout: Rollout
 ) -> tuple[list[dict[str, Any]], str | None]:
     """What of `restoration` the spec, `rendered` at its generation, renders exactly as recorded:

@@ -102,6 +102,7 @@ def broker_waiting(idep: InferaDeployment, by_key: Observed) -> str | None:
 
 
 def model_cache_status(idep: InferaDeployment, download: Download | None) -> ModelCacheStatus | None:
+    """The model cache as its download Job reports it (None without a model cache)."""
     cache = idep.spec.model_cache
     if cache is None or download is None:
         return None

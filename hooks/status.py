@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hooks import conditions, gateway_status, scheduling, service_status
-from hooks.answer import Children
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import (
     Clock,
@@ -29,7 +28,6 @@ from hooks.contract import HookRequest
 from hooks.encoding import EncodedChild, canonical_json
 from hooks.generations import Rollout, belongs_to_a_generation, generation_of
 from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload, services_changing
-from hooks.render import RenderInputs
 from hooks.rollout_status import rollout_status
 from hooks.scheduling import Unscheduled
 from hooks.vocabulary import WORKLOAD_KINDS
@@ -87,13 +85,33 @@ class StatusInputs:
     unscheduled: tuple[Unscheduled, ...] = ()
 
     @classmethod
-    def of(cls, observed: Observed, previous: dict[str, Any], **read: Any) -> "StatusInputs":
-        """From the observed children by (kind, name) and the previous status, and the rest of
-        what the roll-up reads (`read`: the other fields)."""
+    def of(
+        cls,
+        observed: Observed,
+        previous: dict[str, Any],
+        *,
+        notices: Sequence[str] = (),
+        unregistered: Sequence[str] = (),
+        changing: Sequence[str] = (),
+        rollout: Rollout | None = None,
+        missing: Sequence[str] = (),
+        coming: Sequence[str] = (),
+        lost: Sequence[str] = (),
+        unscheduled: Sequence[Unscheduled] = (),
+    ) -> "StatusInputs":
+        """From the observed children by (kind, name), the previous status and the rest of what
+        the roll-up reads."""
         return cls(
             children=tuple(_as_read(child) for _, child in sorted(observed.items())),
             previous={"conditions": previous["conditions"]} if "conditions" in previous else {},
-            **read,
+            notices=tuple(notices),
+            unregistered=tuple(unregistered),
+            changing=tuple(changing),
+            rollout=rollout,
+            missing=tuple(missing),
+            coming=tuple(coming),
+            lost=tuple(lost),
+            unscheduled=tuple(unscheduled),
         )
 
     def observed(self) -> Observed:
@@ -101,6 +119,7 @@ class StatusInputs:
 
 
 def previous_status(request: HookRequest) -> dict[str, Any]:
+    """The parent's status as last written, whatever shape it was left in ({} for none)."""
     previous = request.parent.get("status")
     return previous if isinstance(previous, dict) else {}
 
@@ -108,31 +127,29 @@ def previous_status(request: HookRequest) -> dict[str, Any]:
 def inputs_of(
     idep: InferaDeployment,
     request: HookRequest,
-    rendered_from: RenderInputs,
-    answered: Children,
+    answer: Sequence[EncodedChild],
     rollout: Rollout | None,
-    left_out: Sequence[str] = (),
+    live_replicas: dict[str, int],
+    notices: Sequence[str] = (),
+    unregistered: Sequence[str] = (),
+    lost: Sequence[str] = (),
 ) -> StatusInputs:
-    """What the roll-up reads of a sync of `idep` (at the desired generation), rendered from
-    `rendered_from`, that answers `answered`; `left_out`: registration.defaults_left_out."""
-    answer = answered.answer
+    """What the roll-up reads of a sync of `idep` (at the desired generation) that answers
+    `answer`, rendered with its autoscalers at `live_replicas`; `notices`: what could not be
+    applied as asked; `unregistered`: children withheld; `lost`: the serving generation's
+    children that this spec cannot make again."""
     keys = {(child.kind, child.name) for child in answer}
-    notices = [
-        *answered.notices,
-        *service_status.autoscaler_notices(idep, rendered_from.live_replicas, keys),
-        *left_out,
-    ]
     missing, coming = _not_observed(request.by_key, answer, rollout)
     return StatusInputs.of(
         request.by_key,
         previous_status(request),
-        notices=tuple(notices),
-        unregistered=tuple(answered.unregistered),
+        notices=(*notices, *service_status.autoscaler_notices(idep, live_replicas, keys)),
+        unregistered=tuple(unregistered),
         changing=tuple(services_changing(idep, answer, request.by_key)),
         rollout=rollout,
         missing=tuple(missing),
         coming=tuple(coming),
-        lost=tuple(answered.lost),
+        lost=tuple(lost),
         unscheduled=scheduling.unscheduled(request.related),
     )
 

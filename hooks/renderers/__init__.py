@@ -1,2 +1,2 @@
 """Renderers: pure functions from a validated InferaDeployment to its desired children, one
-module per child family (hooks.reconcile puts them together)."""
+module per child family (hooks.render puts them together)."""

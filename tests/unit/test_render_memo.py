@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hooks import memo as memo_module
-from hooks import reconcile
+from hooks import reconcile, render, status
 from hooks.contract import LAST_APPLIED_ANNOTATION, parse_request
 from hooks.encoding import canonical_json
 from hooks.memo import RenderMemo
@@ -196,7 +196,7 @@ def test_each_parent_keeps_its_latest_renders_only() -> None:
                 child["spec"]["replicas"] = replicas
         reconcile.sync_answer(parse_request(request_body(obj, observed)), memo=memo)
     entry = memo.parent(obj)
-    assert len(entry.tables["hooks.render.desired_children"]) == memo_module.KEPT_PER_PARENT
+    assert len(entry.kept(render.desired_children)) == memo_module.KEPT_PER_PARENT
     assert memo.size == entry.size  # the one parent's entry, its evicted renders given back
 
 
@@ -235,7 +235,7 @@ def test_a_status_that_read_the_clock_is_not_kept() -> None:
     ]
     stamps = [{c["lastTransitionTime"] for c in answer["status"]["conditions"]} for answer in answers]
     assert stamps == [{"2026-11-30T12:00:00Z"}, {"2026-11-30T13:00:00Z"}]
-    assert not memo.parent(small_parent("g")).tables["hooks.status.encoded_status"]
+    assert not memo.parent(small_parent("g")).kept(status.encoded_status)
 
 
 # Found by review: inputs the memo keys must tell apart, and what a fresh render would refuse.
