@@ -45,13 +45,17 @@ def workloads_at(idep: InferaDeployment, registration: Registration, generation:
 def leaving_blue_green(idep: InferaDeployment, observed: Observed) -> bool:
     """Whether a graph outside BlueGreen still has a labelled generation: the switch is then
     checked against the spec's generation (generations.check_switch)."""
-    return not idep.spec.blue_green and bool(generations.present(observed) - {""})
+    return not idep.spec.blue_green and any(
+        generations.generation_of(child) for child in observed.values() if generations.belongs_to_a_generation(child)
+    )
 
 
 def compared_generations(idep: InferaDeployment, observed: Observed, spec_digest: str) -> list[str]:
     """The observed generations planning compares with the spec rendered at them (workloads_at):
     under BlueGreen, those of workloads other than the spec's own (named_otherwise); leaving it,
-    every labelled one (check_switch reads the one still served)."""
+    every labelled one (check_switch reads the one still served); else none."""
+    if not idep.spec.blue_green and not spec_digest:
+        return []
     if idep.spec.blue_green:
         labelled = {
             generations.generation_of(child) for child in observed.values() if child.get("kind") in WORKLOAD_KINDS
