@@ -9,7 +9,7 @@ import json
 import logging
 from typing import Any
 
-from hooks import answer, registration, render, rollout, status
+from hooks import answer, render, rollout, status
 from hooks.answer import SyncAnswer
 from hooks.api.fields import SpecError
 from hooks.api.status import Clock, utc_now
@@ -49,8 +49,8 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
         idep = idep.at_generation(plan.desired if plan else "")
         # 3. What the render reads of the observed children (an autoscaler's count, the download).
         inputs = render.RenderInputs.of(idep, observed, plan)
-        # 4. The desired children, rendered, checked and encoded.
-        desired = memo.remembered(entry, render.desired_children, idep, registered, inputs)
+        # 4. The desired children, rendered, checked and encoded; the defaults they leave out.
+        desired, left_out = memo.remembered(entry, render.desired_children, idep, registered, inputs)
         # 5. What the rollout keeps beside them: the generations still served, as applied, and
         #    what the serving generation lost that the spec makes as it recorded.
         kept = rollout.kept_generations(request, plan)
@@ -63,7 +63,6 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
         # 6. The answer: less what the controller cannot create, with what cannot change as stored.
         answered = answer.answered(request, [*desired, *kept, *restored])
         # 7. The status's inputs: what was observed, what this answer does, what it could not.
-        left_out = memo.remembered(entry, registration.defaults_left_out, idep, registered)
         read = status.inputs_of(
             idep,
             request,

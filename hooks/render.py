@@ -15,7 +15,7 @@ from hooks.generations import Rollout
 from hooks.immutable import encoded
 from hooks.limits import RenderedSize
 from hooks.observed import Observed, live_replicas, model_download, service_of
-from hooks.registration import EVERY_KIND, gateway_registered, keeps_default
+from hooks.registration import EVERY_KIND, defaults_left_out, gateway_registered, keeps_default
 from hooks.renderers import autoscaling, discovery, gaie, model_cache, monitoring, nats, network, patches
 from hooks.renderers.pods import pod_template
 from hooks.renderers.services import server_service
@@ -205,17 +205,21 @@ def _owned_fields(idep: InferaDeployment, child: dict) -> list[patches.Owned]:
     ]
 
 
-def desired_children(idep: InferaDeployment, registration: Registration, inputs: RenderInputs) -> list[EncodedChild]:
+def desired_children(
+    idep: InferaDeployment, registration: Registration, inputs: RenderInputs
+) -> tuple[list[EncodedChild], list[str]]:
     """The children to answer for `idep` (at the generation it renders), checked and encoded:
     worker pools that wait for the model download are left out (rendered and checked all the
-    same), and under BlueGreen only their workloads."""
+    same), and under BlueGreen only their workloads. And what the spec's defaults leave out
+    where the controller cannot create them (registration.defaults_left_out), for the status."""
     children = render_children(idep, registration, inputs)
     preflight.check_graph(idep, children)
     waiting = _waiting_for_model(idep, inputs)
     # Under BlueGreen the serving generation's pods stay: their budget, autoscaler and policies too.
     withheld = vocabulary.WORKLOAD_KINDS if idep.spec.blue_green else None
-    return [
+    answered = [
         encoded(child)
         for child in children
         if service_of(child) not in waiting or (withheld is not None and child["kind"] not in withheld)
     ]
+    return answered, defaults_left_out(idep, registration)

@@ -1,6 +1,6 @@
 """Benchmark `infera-hooks serve` against a do-nothing floor, side by side (not a test).
 
-    .venv/bin/python tests/bench/throughput.py [--requests 1500] [--concurrency 4] [--rounds 5]
+    .venv/bin/python tests/bench/throughput.py [--requests 1500] [--concurrency 4] [--rounds 5] [--against REV]
 
 Both servers run under gunicorn with the same settings (2 gevent workers). The floor is a Flask
 app that only parses the same request and returns a response of the same size, so the ratio
@@ -16,7 +16,9 @@ is what the hook's own work costs. Four loads of a converged PD-graph sync:
 - churn: every request distinct with a workload's status moved too, so the status is rolled
   up again (the children still come from the memo).
 
-Rounds alternate between the servers and the loads; each figure is the median round's, and
+With `--against REV`, the hook as committed at REV (a git revision of this repository, unpacked
+into .cache/bench/) runs beside them under the same settings, so a change's cost shows in one
+run. Rounds alternate between the servers and the loads; each figure is the median round's, and
 each round's ratio is printed too (their spread is the machine's noise). It prints throughput
 and p50/p99 latency of each, the latency of a 200-service graph, and each worker's resident
 memory once 4,000 distinct graphs have filled its memo, with the ratios and the targets.
@@ -177,6 +179,19 @@ def load(
     return len(latencies) / (time.perf_counter() - started), latencies
 
 
+def unpacked(revision: str) -> Path:
+    """The repository as committed at `revision`, unpacked once into the build cache."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    tree = REPO / ".cache" / "bench" / commit
+    if not (tree / "hooks").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=REPO, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
 def worker_rss_mb(master: int) -> list[float]:
     children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
     sizes = []
@@ -197,6 +212,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; the median of each is reported")
+    parser.add_argument("--against", metavar="REV", help="also run the hook as committed at this git revision")
     args = parser.parse_args()
 
     obj, observed = converged_world()
@@ -224,10 +240,21 @@ def main() -> None:
     assert reconcile.sync(parse_request(json.loads(big[0])))["status"]["state"] != "failed"
     fleet = [variant(*converged_world(name=f"fill-{index}"), 1) for index in range(FILL_GRAPHS)]
 
-    hooks_port, floor_port = free_port(), free_port()
+    hooks_port, floor_port, earlier_port = free_port(), free_port(), free_port()
     hooks = start(
         [str(BIN / "infera-hooks"), "serve", "--bind", f"127.0.0.1:{hooks_port}", "--workers", str(WORKERS)], hooks_port
     )
+    # The earlier hook's package comes first on its path (ahead of this checkout's editable install).
+    earlier = (
+        start(
+            [str(BIN / "infera-hooks"), "serve", "--bind", f"127.0.0.1:{earlier_port}", "--workers", str(WORKERS)],
+            earlier_port,
+            {"PYTHONPATH": str(unpacked(args.against))},
+        )
+        if args.against
+        else None
+    )
+    ports = [hooks_port, floor_port, *([earlier_port] if earlier else [])]
     floor = start(
         [
             str(BIN / "gunicorn"),
@@ -250,27 +277,28 @@ def main() -> None:
     )
     results: dict[tuple[str, int], list[tuple[float, list[float]]]] = {}
     try:
-        for port in (hooks_port, floor_port):  # warm up imports
+        for port in ports:  # warm up imports
             load(port, [body], 40, 2)
-        # What Metacontroller keeps for the parent and sends back in If-None-Match.
-        status, etag = call(hooks_port, body)
-        assert status == 200 and etag and call(hooks_port, body, etag)[0] == 304
+        # What Metacontroller keeps for the parent and sends back in If-None-Match: each hook's own.
+        etags = {port: call(port, body)[1] for port in ports if port != floor_port}
+        for port, etag in etags.items():
+            assert etag and call(port, body, etag)[0] == 304
         for round_index in range(rounds):
             for mode in MODES:
                 bodies = [body] if mode in ("steady", "resent") else loads[mode][round_index]
-                for port in (hooks_port, floor_port):
+                for port in ports:
+                    etag = etags.get(port) if mode == "steady" else None
                     results.setdefault((mode, port), []).append(
-                        load(port, bodies, args.requests, args.concurrency, etag if mode == "steady" else None)
+                        load(port, bodies, args.requests, args.concurrency, etag)
                     )
         big_latencies = [post(hooks_port, each) for each in big]  # distinct: no cached answer
         load(hooks_port, fleet, len(fleet), args.concurrency)
         rss = worker_rss_mb(hooks.pid)
         floor_rss = worker_rss_mb(floor.pid)
     finally:
-        hooks.terminate()
-        floor.terminate()
-        hooks.wait()
-        floor.wait()
+        for server in (hooks, floor, *([earlier] if earlier else [])):
+            server.terminate()
+            server.wait()
 
     def median_round(mode: str, port: int) -> tuple[float, list[float]]:
         return sorted(results[(mode, port)], key=lambda result: result[0])[rounds // 2]
@@ -333,7 +361,16 @@ def main() -> None:
     for row in [header, *rows]:
         verdict = {True: "ok", False: "MISSED", None: ""}.get(row[5], row[5])
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row[:5], widths, strict=True)) + f"  {verdict}")
-    # Each round ran both servers back to back: its ratio shows how far the machine's noise
+    if earlier:
+        print(f"The hook at {args.against}, in the same rounds:")
+        for mode in MODES:
+            (earlier_rps, _), (floor_rps, _) = median_round(mode, earlier_port), median_round(mode, floor_port)
+            hooks_rps = median_round(mode, hooks_port)[0]
+            print(
+                f"  {mode}: {earlier_rps:.0f} req/s, {earlier_rps / floor_rps:.2f}x the floor "
+                f"(the hook now: {hooks_rps / floor_rps:.2f}x; now against then: {hooks_rps / earlier_rps:.2f}x)"
+            )
+    # Each round ran the servers back to back: its ratio shows how far the machine's noise
     # moves one run's figure.
     for mode in MODES:
         pairs = zip(results[(mode, hooks_port)], results[(mode, floor_port)], strict=True)
@@ -341,6 +378,9 @@ def main() -> None:
             f"{mode}: each round's throughput ratio, in the order run: "
             + " ".join(f"{h[0] / f[0]:.3f}" for h, f in pairs)
         )
+        if earlier:
+            pairs = zip(results[(mode, earlier_port)], results[(mode, floor_port)], strict=True)
+            print(f"{mode}: the same at {args.against}: " + " ".join(f"{h[0] / f[0]:.3f}" for h, f in pairs))
 
 
 if __name__ == "__main__":
