@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +204,11 @@ def field_at(obj: Any, *keys: str) -> Any:
     for key in keys:
         obj = obj.get(key) if isinstance(obj, dict) else None
     return obj
+
+
+def fields_at(obj: Any, paths: Iterable[tuple[str, ...]]) -> dict[tuple[str, ...], Any]:
+    """field_at for each of `paths`, by path."""
+    return {path: field_at(obj, *path) for path in paths}
 
 
 # Metacontroller's 3-way merge (pkg/dynamic/apply) takes a list whose items are all objects

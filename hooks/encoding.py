@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from hooks.contract import field_at
+from hooks.contract import field_at, fields_at
 from hooks.vocabulary import SERVICE_LABEL
 
 Path = tuple[str, ...]
@@ -49,7 +49,7 @@ class EncodedChild:
             field_at(child, "metadata", "name"),
             field_at(child, "metadata", "labels", SERVICE_LABEL),
             canonical_json(child),
-            {path: field_at(child, *path) for path in paths},
+            fields_at(child, paths),
         )
 
 

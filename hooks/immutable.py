@@ -10,7 +10,7 @@ import functools
 import json
 from typing import Any
 
-from hooks.contract import LAST_APPLIED_ANNOTATION, as_kept, as_last_applied, field_at, parse_recorded
+from hooks.contract import LAST_APPLIED_ANNOTATION, as_kept, field_at, fields_at, parse_recorded
 from hooks.encoding import EncodedChild, Path, canonical_json
 from hooks.observed import GROUP_SIZE_PATH
 from hooks.quantity import quantity_value
@@ -80,27 +80,24 @@ def kept_as_applied(children: list[dict[str, Any]], observed: list[dict[str, Any
     return [encoded(child) for child in as_kept(children, observed)]
 
 
-def _applied(current: dict[str, Any], path: Path) -> bool:
-    """Whether the hook applied `path` of this child, as its last-applied record says."""
-    recorded = field_at(current, "metadata", "annotations", LAST_APPLIED_ANNOTATION)
-    if isinstance(recorded, str) and (applied := _recorded_holds(recorded, path)) is not None:
-        return applied
-    return field_at(as_last_applied(current), *path) is not None
-
-
 @functools.lru_cache(maxsize=256)
-def _recorded_holds(recorded: str, path: Path) -> bool | None:
-    """Whether a last-applied record holds `path` (None: it is no record). Every sync brings
-    the same records again, and parsing one costs more than the rest of this step."""
+def recorded_fields(recorded: str, paths: tuple[Path, ...]) -> tuple[Any, ...] | None:
+    """The values a last-applied record holds at `paths`, or None: it is no record. Every sync
+    brings the same records again, and parsing one costs more than the rest of this step."""
     applied = parse_recorded(recorded)
-    return None if applied is None else field_at(applied, *path) is not None
+    return None if applied is None else tuple(field_at(applied, *path) for path in paths)
 
 
-def _holds_foreign_keys(current: dict[str, Any], path: Path, wanted: Any) -> bool:
-    """Whether the map stored at `path` holds a key neither `wanted` nor applied by the hook."""
-    recorded = field_at(current, "metadata", "annotations", LAST_APPLIED_ANNOTATION)
-    applied = field_at(parse_recorded(recorded) if isinstance(recorded, str) else None, *path)
-    stored = field_at(current, *path)
+def _record_of(current: dict[str, Any], paths: tuple[Path, ...]) -> dict[Path, Any] | None:
+    """What the hook last applied at `paths` of this child, or None where it holds no record
+    (a child adopted from elsewhere, or a record that does not parse)."""
+    recorded = (current["metadata"].get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
+    values = recorded_fields(recorded, paths) if recorded else None
+    return None if values is None else dict(zip(paths, values, strict=True))
+
+
+def _holds_foreign_keys(stored: Any, applied: Any, wanted: Any) -> bool:
+    """Whether the map `stored` holds a key neither `wanted` nor `applied` by the hook."""
     if not isinstance(stored, dict):
         return True
     known = set(wanted if isinstance(wanted, dict) else ()) | set(applied if isinstance(applied, dict) else ())
@@ -120,49 +117,53 @@ def keep_immutable_fields(
     answer, notices = [], []
     for child in desired:
         current = observed.get((child.kind, child.name)) if child.kind in WATCHED_PATHS else None
+        stored = fields_at(current, child.fields) if current is not None else {}
         # Most children hold what they were rendered with, and none of their fields is set
         # from what is stored: nothing to check further.
-        if current is None or (
-            child.kind not in IMMUTABLE_FIELDS
-            and all(field_at(current, *path) == value for path, value in child.fields.items())
-        ):
+        if current is None or (child.kind not in IMMUTABLE_FIELDS and stored == child.fields):
             answer.append(child)
             continue
         label = f"{child.kind} {child.name}"
+        record = _record_of(current, tuple(child.fields))
         replaced = [
             (path, spec_field)
             for path, spec_field in REPLACED_ON_CHANGE.get(child.kind, [])
-            if field_at(current, *path) != child.fields[path]
-            and ((child.kind, path) not in MERGED_IN_PLACE or _holds_foreign_keys(current, path, child.fields[path]))
+            if stored[path] != child.fields[path]
+            and (
+                (child.kind, path) not in MERGED_IN_PLACE
+                or _holds_foreign_keys(stored[path], record[path] if record else None, child.fields[path])
+            )
         ]
         if replaced:
             for path, spec_field in replaced:
                 notices.append(
-                    f"{label} is being replaced: {spec_field} changed from {field_at(current, *path)} to "
+                    f"{label} is being replaced: {spec_field} changed from {stored[path]} to "
                     f"{child.fields[path]} ({'.'.join(path)} cannot change in place)"
                 )
             continue
         changes: dict[Path, Any] = {}
         for path, spec_field in GROW_ONLY.get(child.kind, []):
-            stored, wanted = field_at(current, *path), child.fields[path]
-            if isinstance(stored, str) and isinstance(wanted, str) and _smaller(wanted, stored):
+            stored_value, wanted = stored[path], child.fields[path]
+            if isinstance(stored_value, str) and isinstance(wanted, str) and _smaller(wanted, stored_value):
                 notices.append(
-                    f"{spec_field} not applied to {label}: {wanted} is less than its {stored}, which cannot shrink"
+                    f"{spec_field} not applied to {label}: {wanted} is less than its {stored_value}, which cannot shrink"
                 )
-                changes[path] = stored
+                changes[path] = stored_value
         for path, spec_field in IMMUTABLE_FIELDS.get(child.kind, []):
-            stored, wanted = field_at(current, *path), child.fields[path]
+            stored_value, wanted = stored[path], child.fields[path]
             # Left unset, what the API server filled in (a default storage class) stays: the
             # 3-way merge keeps a field never applied.
-            if stored is None or wanted is None:
+            if stored_value is None or wanted is None:
                 continue
-            if stored != wanted and not _covers(stored, wanted):
+            if stored_value != wanted and not _covers(stored_value, wanted):
                 notices.append(
                     f"{spec_field} change not applied to {label}: "
                     f"{'.'.join(path)} is immutable (delete the {child.kind} to recreate it)"
                 )
-            # Never applied (the API server filled it in): left out, the merge keeps it.
-            changes[path] = stored if _applied(current, path) else REMOVED
+            # Never applied (the API server filled it in): left out, the merge keeps it. Without
+            # a record, what is stored is what the hook is taken to have applied.
+            applied = record[path] if record is not None else stored_value
+            changes[path] = stored_value if applied is not None else REMOVED
         # Verbatim: 1, 1.0 and True are equal in Python, not on the wire.
         if any(value is REMOVED or not _verbatim(value, child.fields[path]) for path, value in changes.items()):
             edits = [[path] if value is REMOVED else [path, value] for path, value in changes.items()]

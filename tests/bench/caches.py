@@ -40,10 +40,10 @@ CACHES: dict[str, tuple[Any, str, Callable[..., Any]]] = {
         "_changes_workload",
         _changes_workload_uncached,
     ),
-    "a record holds an immutable field (immutable._recorded_holds)": (
+    "what a record holds at immutable fields (immutable.recorded_fields)": (
         immutable,
-        "_recorded_holds",
-        immutable._recorded_holds.__wrapped__,
+        "recorded_fields",
+        immutable.recorded_fields.__wrapped__,
     ),
 }
 
