@@ -129,8 +129,9 @@ def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], ob
         ):
             continue
         running = observed.get((child.kind, child.name))
-        recorded = field_at(running, "metadata", "annotations", LAST_APPLIED_ANNOTATION) if running else None
-        if running is None or (isinstance(recorded, str) and _changes_workload(recorded, child.body)):
+        # An observed child's annotations are strings: the request contract checked them.
+        recorded = (running["metadata"].get("annotations") or {}).get(LAST_APPLIED_ANNOTATION) if running else None
+        if running is None or (recorded is not None and _changes_workload(recorded, child.body)):
             changing.add(service)
     return sorted(changing)
 

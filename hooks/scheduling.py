@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hooks.contract import field_at
 from hooks.observed import quoted
 from hooks.vocabulary import GENERATION_LABEL, SERVICE_LABEL
 
@@ -33,7 +32,7 @@ class Unscheduled:
 
 
 def _waiting_reason(pod: dict[str, Any]) -> str | None:
-    conditions = field_at(pod, "status", "conditions")
+    conditions = (pod.get("status") or {}).get("conditions")
     for condition in conditions if isinstance(conditions, list) else []:
         if (
             isinstance(condition, dict)
@@ -51,15 +50,16 @@ def unscheduled(pods: Iterable[dict[str, Any]]) -> tuple[Unscheduled, ...]:
     service and generation. A pod being deleted waits for nothing."""
     found: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for pod in pods:
-        if pod.get("kind") != "Pod" or field_at(pod, "metadata", "deletionTimestamp") is not None:
+        # The request contract vouches for the metadata's shape: labels are strings.
+        metadata = pod["metadata"]
+        if pod["kind"] != "Pod" or metadata.get("deletionTimestamp") is not None:
             continue
         reason = _waiting_reason(pod)
-        service = field_at(pod, "metadata", "labels", SERVICE_LABEL)
-        if reason is None or not isinstance(service, str):
+        labels = metadata.get("labels") or {}
+        if reason is None or SERVICE_LABEL not in labels:
             continue
-        generation = field_at(pod, "metadata", "labels", GENERATION_LABEL)
-        key = (service, generation if isinstance(generation, str) else "")
-        found.setdefault(key, []).append((str(field_at(pod, "metadata", "name")), reason))
+        key = (labels[SERVICE_LABEL], labels.get(GENERATION_LABEL, ""))
+        found.setdefault(key, []).append((metadata["name"], reason))
     return tuple(
         Unscheduled(service, generation, len(waiting), min(waiting)[1])
         for (service, generation), waiting in sorted(found.items())
