@@ -4,7 +4,7 @@ error is put in the API's words."""
 import difflib
 import functools
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -295,11 +295,13 @@ class InferaDeployment(BaseModel):
 
     @property
     def graph_generation(self) -> str:
-        return self._generation
+        # Read where pydantic keeps private attributes: through the model's __getattr__ it is
+        # many times slower than a field, and a sync reads it at every child it names.
+        return cast(dict[str, str], self.__pydantic_private__)["_generation"]
 
     def at_generation(self, generation: str) -> "InferaDeployment":
         """The same graph, rendering `generation`'s children."""
-        if generation == self._generation:
+        if generation == self.graph_generation:
             return self
         copy = self.model_copy()
         copy._generation = generation
