@@ -85,7 +85,12 @@ def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -
         assert "  componentType\t<string> -required-\n  enum: server, worker\n" in explained.stdout
 
         # A rule of the CRD's, in the real API server's words.
-        obj = graph().namespace("default").autoscaling("decode", minReplicas=3, maxReplicas=2, metrics=[{}]).obj()
+        obj = (
+            graph()
+            .metadata(namespace="default")
+            .autoscaling("decode", minReplicas=3, maxReplicas=2, metrics=[{}])
+            .obj()
+        )
         refused = subprocess.run(
             [*kubectl, "apply", "-f", "-"], input=json.dumps(obj), capture_output=True, text=True, timeout=60
         )
@@ -97,7 +102,7 @@ def test_a_real_api_server_establishes_the_crd_and_explains_it(tmp_path: Path) -
 
 
 def with_service(name: str, **fields: Any) -> dict[str, Any]:
-    return graph().namespace("default").worker(name, **fields).obj()
+    return graph().metadata(namespace="default").worker(name, **fields).obj()
 
 
 def with_gateway(name: str) -> dict[str, Any]:

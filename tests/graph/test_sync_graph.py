@@ -480,15 +480,15 @@ def test_startup_budget_follows_the_wrappers_model_load_timeout(hooks) -> None:
 def test_pod_metadata_propagation(hooks) -> None:
     obj = (
         graph()
-        .labels(
-            {
+        .metadata(
+            labels={
                 "infera.amd.com/team": "search",
                 "inferaTier": "gold",
                 "team": "not-propagated",
                 "infera.amd.com/service": "spoofed",
-            }
+            },
+            annotations={"infera.amd.com/owner": "alice", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
         )
-        .annotations({"infera.amd.com/owner": "alice", "kubectl.kubernetes.io/last-applied-configuration": "{}"})
         .service(
             "decode",
             podLabels={"inferaTier": "silver", "rack": "r7", "infera.amd.com/deployment": "spoofed"},

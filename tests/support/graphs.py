@@ -86,30 +86,9 @@ class GraphBuilder:
         self._obj["metadata"]["name"] = name
         return self
 
-    def namespace(self, namespace: str) -> Self:
-        self._obj["metadata"]["namespace"] = namespace
-        return self
-
-    def generation(self, generation: int) -> Self:
-        self._obj["metadata"]["generation"] = generation
-        return self
-
-    def uid(self, uid: str) -> Self:
-        self._obj["metadata"]["uid"] = uid
-        return self
-
-    def resource_version(self, version: str) -> Self:
-        self._obj["metadata"]["resourceVersion"] = version
-        return self
-
-    def labels(self, labels: dict[str, str]) -> Self:
-        """metadata.labels, all of them."""
-        self._obj["metadata"]["labels"] = copy.deepcopy(labels)
-        return self
-
-    def annotations(self, annotations: dict[str, str]) -> Self:
-        """metadata.annotations, all of them."""
-        self._obj["metadata"]["annotations"] = copy.deepcopy(annotations)
+    def metadata(self, **fields: Any) -> Self:
+        """metadata fields, as given (labels and annotations whole; None removes one)."""
+        _set(self._obj["metadata"], fields)
         return self
 
     # --- the spec's own fields --------------------------------------------------------------
