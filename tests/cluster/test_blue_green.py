@@ -35,7 +35,7 @@ def deployments_of(generation: str) -> set[str]:
 def stable_graph(installed: Installed, namespace: str) -> dict[str, Any]:
     """examples/pd-disaggregated.yaml as `NAME` under BlueGreen, ready and Stable on kwok nodes."""
     cluster = installed.cluster
-    idep = graph(NAME).namespace(namespace).blue_green().manifest()
+    idep = graph(NAME).metadata(namespace=namespace).blue_green().manifest()
     applied = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(idep))
     assert applied.returncode == 0, applied.stderr
     wait_graph_ready(installed, namespace, NAME)

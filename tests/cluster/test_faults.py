@@ -52,7 +52,7 @@ HOOK_TIMEOUT_SECONDS = int(controller()["spec"]["hooks"]["sync"]["webhook"]["tim
 def ready_pd_graph(installed: Installed, namespace: str) -> dict[str, Any]:
     """examples/pd-disaggregated.yaml as `PD_NAME`, Ready on kwok nodes."""
     cluster = installed.cluster
-    idep = graph(PD_NAME).namespace(namespace).manifest()
+    idep = graph(PD_NAME).metadata(namespace=namespace).manifest()
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(idep))
     wait_for(cluster, namespace, "Ready", 180)
     return get(cluster, "-n", namespace, "idep", PD_NAME)

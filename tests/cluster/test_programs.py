@@ -108,7 +108,7 @@ def with_service(name: str, **fields: Any) -> dict[str, Any]:
 def with_gateway(name: str) -> dict[str, Any]:
     return (
         graph(name)
-        .namespace("default")
+        .metadata(namespace="default")
         .nats(deploy=False)
         .blue_green()
         .gaie(enabled=True, tokenizerPath="Qwen/Qwen3-0.6B", gatewayName="gw")
