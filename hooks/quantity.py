@@ -9,7 +9,6 @@ k8s.io/apimachinery's `Quantity.CanonicalizeBytes`.
 import math
 import re
 from fractions import Fraction
-from functools import lru_cache
 
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -73,9 +72,6 @@ def _format(value: Fraction, form: str) -> str:
     return f"{sign}{mantissa}{_DECIMAL_BY_EXPONENT[exponent]}"
 
 
-# Specs repeat a handful of quantities (1, 64Gi, 32Gi) on every sync; exact arithmetic on
-# fractions is the hook's most expensive step without this cache.
-@lru_cache(maxsize=4096)
 def canonical_quantity(text: str) -> str:
     """Return `text` as the API server stores it; ValueError if it is not a quantity.
 
