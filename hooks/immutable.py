@@ -6,11 +6,15 @@ matters: the API server fills in fields of a claim template (kind, volumeMode, s
 Metacontroller replaces such lists wholesale, so anything less would be re-applied every sync.
 """
 
-import functools
 import json
 from typing import Any
 
-from hooks.contract import LAST_APPLIED_ANNOTATION, as_kept, field_at, fields_at, parse_recorded
+from hooks.contract import (
+    as_kept,
+    field_at,
+    fields_at,
+    recorded_configuration,
+)
 from hooks.encoding import EncodedChild, Path, canonical_json
 from hooks.observed import GROUP_SIZE_PATH
 from hooks.quantity import quantity_value
@@ -80,20 +84,9 @@ def kept_as_applied(children: list[dict[str, Any]], observed: list[dict[str, Any
     return [encoded(child) for child in as_kept(children, observed)]
 
 
-@functools.lru_cache(maxsize=256)
-def recorded_fields(recorded: str, paths: tuple[Path, ...]) -> tuple[Any, ...] | None:
-    """The values a last-applied record holds at `paths`, or None: it is no record. Every sync
-    brings the same records again, and parsing one costs more than the rest of this step."""
-    applied = parse_recorded(recorded)
-    return None if applied is None else tuple(field_at(applied, *path) for path in paths)
-
-
-def _record_of(current: dict[str, Any], paths: tuple[Path, ...]) -> dict[Path, Any] | None:
-    """What the hook last applied at `paths` of this child, or None where it holds no record
-    (a child adopted from elsewhere, or a record that does not parse)."""
-    recorded = (current["metadata"].get("annotations") or {}).get(LAST_APPLIED_ANNOTATION)
-    values = recorded_fields(recorded, paths) if recorded else None
-    return None if values is None else dict(zip(paths, values, strict=True))
+# What each observed child's last-applied record holds at its kind's IMMUTABLE_FIELDS, by (kind,
+# name): None where the record does not parse. A child without a record is not in it.
+RecordedFields = dict[tuple[str, str], dict[Path, Any] | None]
 
 
 def _holds_foreign_keys(stored: Any, applied: Any, wanted: Any) -> bool:
@@ -109,11 +102,12 @@ def _verbatim(stored: Any, wanted: Any) -> bool:
 
 
 def keep_immutable_fields(
-    desired: list[EncodedChild], observed: dict[tuple[str, str], dict[str, Any]]
+    desired: list[EncodedChild], observed: dict[tuple[str, str], dict[str, Any]], recorded: RecordedFields
 ) -> tuple[list[EncodedChild], list[str]]:
-    """Set immutable fields of `desired` to their observed values (`observed` by kind and name)
-    and leave out children that must be replaced; return the children to answer and one notice
-    per field concerned. Only a child that changes is decoded and encoded again."""
+    """Set immutable fields of `desired` to their observed values (`observed` by kind and name;
+    `recorded`: what their records hold there) and leave out children that must be replaced;
+    return the children to answer and one notice per field concerned. Only a child that changes
+    is decoded and encoded again."""
     answer, notices = [], []
     for child in desired:
         current = observed.get((child.kind, child.name)) if child.kind in WATCHED_PATHS else None
@@ -124,14 +118,15 @@ def keep_immutable_fields(
             answer.append(child)
             continue
         label = f"{child.kind} {child.name}"
-        record = _record_of(current, tuple(child.fields))
         replaced = [
             (path, spec_field)
             for path, spec_field in REPLACED_ON_CHANGE.get(child.kind, [])
             if stored[path] != child.fields[path]
             and (
                 (child.kind, path) not in MERGED_IN_PLACE
-                or _holds_foreign_keys(stored[path], record[path] if record else None, child.fields[path])
+                or _holds_foreign_keys(
+                    stored[path], field_at(recorded_configuration(current), *path), child.fields[path]
+                )
             )
         ]
         if replaced:
@@ -162,6 +157,7 @@ def keep_immutable_fields(
                 )
             # Never applied (the API server filled it in): left out, the merge keeps it. Without
             # a record, what is stored is what the hook is taken to have applied.
+            record = recorded.get((child.kind, child.name))
             applied = record[path] if record is not None else stored_value
             changes[path] = stored_value if applied is not None else REMOVED
         # Verbatim: 1, 1.0 and True are equal in Python, not on the wire.

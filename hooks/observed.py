@@ -4,16 +4,13 @@ service a child is of, and what the observed children say of the graph (which wo
 service and how much of it is ready, where the model download is, what the autoscalers set).
 Observed objects are read defensively: another controller, or a user, may have written anything."""
 
-import json
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hooks.api.graph import InferaDeployment
 from hooks.api.status import ModelPhase
-from hooks.contract import LAST_APPLIED_ANNOTATION, field_at, parse_recorded
-from hooks.encoding import EncodedChild
+from hooks.contract import field_at
 from hooks.vocabulary import (
     MODEL_VOLUME,
     SERVICE_LABEL,
@@ -112,61 +109,6 @@ def current_ready(workload: dict | None) -> int:
     if as_int(status.get("observedGeneration")) < as_int(workload["metadata"].get("generation")):
         return 0
     return min(as_int(status.get("readyReplicas")), as_int(status.get("updatedReplicas")))
-
-
-def services_changing(idep: InferaDeployment, answer: Sequence[EncodedChild], observed: Observed) -> list[str]:
-    """The services whose workload this answer creates or changes other than in its replica
-    count (a new template, a switch of kind): the pods the observed workload reports ready run
-    what the spec asked before, and Metacontroller applies the change only after it writes this
-    status, which is the first about the new generation."""
-    changing = set()
-    for child in answer:
-        service = child.service
-        if (
-            child.kind not in WORKLOAD_KINDS
-            or service not in idep.spec.services
-            or child.name != generation_name(idep, service)
-        ):
-            continue
-        running = observed.get((child.kind, child.name))
-        # An observed child's annotations are strings: the request contract checked them.
-        recorded = (running["metadata"].get("annotations") or {}).get(LAST_APPLIED_ANNOTATION) if running else None
-        if running is None or (recorded is not None and _changes_workload(recorded, child.body)):
-            changing.add(service)
-    return sorted(changing)
-
-
-# Verdicts of _changes_workload by their inputs' hashes: every sync brings the same pairs again
-# and parsing them costs far more than hashing them (an answer's bytes come from the render
-# memo with their hash cached); a fleet's worth fits in a few megabytes.
-# Two pairs whose 64-bit hashes and lengths all collide would share a verdict for a sync.
-VERDICTS_KEPT = 16384
-
-
-_verdicts: OrderedDict[tuple[int, int, int, int], bool] = OrderedDict()
-
-
-def _changes_workload(recorded: str, body: bytes) -> bool:
-    """Whether applying `body` over a workload last applied as `recorded` changes more than its
-    replicas."""
-    key = (hash(recorded), len(recorded), hash(body), len(body))
-    verdict = _verdicts.get(key)
-    if verdict is None:
-        applied = parse_recorded(recorded)
-        verdict = applied is not None and _as_compared(applied) != _as_compared(json.loads(body))
-        _verdicts[key] = verdict
-        if len(_verdicts) > VERDICTS_KEPT:
-            _verdicts.popitem(last=False)
-    else:
-        _verdicts.move_to_end(key)
-    return verdict
-
-
-def _as_compared(workload: dict[str, Any]) -> Any:
-    """What of a workload makes its pods: its spec without its replicas. Its own labels and
-    annotations (and what Metacontroller stamps on it) roll nothing."""
-    spec = workload.get("spec")
-    return {key: value for key, value in spec.items() if key != "replicas"} if isinstance(spec, dict) else spec
 
 
 @dataclass(frozen=True)

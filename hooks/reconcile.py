@@ -2,7 +2,8 @@
 
 request -> typed graph -> rollout -> observed inputs -> desired children -> answer -> status.
 Each step is a pure function of plain data; the memo wraps the expensive ones from outside
-(parsing, rendering, rolling up), so a step never knows whether it was kept.
+(parsing, rendering, reading the observed children's records, rolling up), so a step never
+knows whether it was kept.
 """
 
 import json
@@ -60,9 +61,13 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
             if restoration and plan
             else ([], [])
         )
-        # 6. The answer: less what the controller cannot create, with what cannot change as stored.
-        answered = answer.answered(request, [*desired, *kept, *restored])
-        # 7. The status's inputs: what was observed, what this answer does, what it could not.
+        # 6. The answer: less what the controller cannot create, with what cannot change as
+        #    stored (and whether the hook applied it, as the observed children's records say).
+        recorded = memo.remembered(entry, answer.recorded_fields, answer.records_to_read(request.children))
+        answered = answer.answered(request, [*desired, *kept, *restored], recorded)
+        # 7. The status's inputs: what was observed, what this answer does (which services it
+        #    changes beyond their replicas, against the records), what it could not.
+        workloads = answer.workloads_answered(idep, answered.children, observed)
         read = status.inputs_of(
             idep,
             request,
@@ -71,6 +76,7 @@ def sync_answer(request: HookRequest, now: Clock = utc_now, memo: RenderMemo | N
             inputs.live_replicas,
             notices=[*answered.notices, *left_out],
             unregistered=answered.unregistered,
+            changing=memo.remembered(entry, answer.services_changing, workloads),
             lost=lost,
         )
     except SpecError as error:

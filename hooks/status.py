@@ -27,7 +27,7 @@ from hooks.conditions import Stamp
 from hooks.contract import HookRequest
 from hooks.encoding import EncodedChild, canonical_json
 from hooks.generations import Rollout, belongs_to_a_generation, generation_of
-from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload, services_changing
+from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload
 from hooks.rollout_status import rollout_status
 from hooks.scheduling import Unscheduled
 from hooks.vocabulary import WORKLOAD_KINDS
@@ -70,7 +70,7 @@ class StatusInputs:
     # Children withheld because the CompositeController does not register their kind (the
     # graph is then failed).
     unregistered: tuple[str, ...] = ()
-    # The services whose workload the answer changes (services_changing): none of their
+    # The services whose workload the answer changes (answer.services_changing): none of their
     # replicas is ready yet.
     changing: tuple[str, ...] = ()
     # Under BlueGreen (or leaving it): which generations serve and exist.
@@ -132,12 +132,14 @@ def inputs_of(
     live_replicas: dict[str, int],
     notices: Sequence[str] = (),
     unregistered: Sequence[str] = (),
+    changing: Sequence[str] = (),
     lost: Sequence[str] = (),
 ) -> StatusInputs:
     """What the roll-up reads of a sync of `idep` (at the desired generation) that answers
     `answer`, rendered with its autoscalers at `live_replicas`; `notices`: what could not be
-    applied as asked; `unregistered`: children withheld; `lost`: the serving generation's
-    children that this spec cannot make again."""
+    applied as asked; `unregistered`: children withheld; `changing`: the services whose workload
+    the answer changes (answer.services_changing); `lost`: the serving generation's children
+    that this spec cannot make again."""
     keys = {(child.kind, child.name) for child in answer}
     missing, coming = _not_observed(request.by_key, answer, rollout)
     return StatusInputs.of(
@@ -145,7 +147,7 @@ def inputs_of(
         previous_status(request),
         notices=(*notices, *service_status.autoscaler_notices(idep, live_replicas, keys)),
         unregistered=tuple(unregistered),
-        changing=tuple(services_changing(idep, answer, request.by_key)),
+        changing=tuple(changing),
         rollout=rollout,
         missing=tuple(missing),
         coming=tuple(coming),

@@ -160,17 +160,17 @@ def service(selector: dict[str, str], applied: dict[str, str] | None) -> dict[st
 def test_a_service_selector_the_hook_applied_changes_in_place() -> None:
     stored = service({"a": "1", "g": "x"}, applied={"a": "1", "g": "x"})
     desired = service({"a": "1", "g": "y"}, applied=None)
-    answer, notices = keep_immutable_fields([encoded(desired)], {("Service", "s"): stored})
+    answer, notices = keep_immutable_fields([encoded(desired)], {("Service", "s"): stored}, {})
     assert [child.name for child in answer] == ["s"] and notices == []
     dropped = service({"a": "1"}, applied=None)  # back to RollingUpdate: the merge removes g
-    answer, notices = keep_immutable_fields([encoded(dropped)], {("Service", "s"): stored})
+    answer, notices = keep_immutable_fields([encoded(dropped)], {("Service", "s"): stored}, {})
     assert [child.name for child in answer] == ["s"] and notices == []
 
 
 def test_a_service_selector_with_a_key_the_hook_never_applied_is_replaced() -> None:
     for stored in (service({"a": "1", "other": "z"}, applied={"a": "1"}), service({"a": "1", "other": "z"}, None)):
         answer, notices = keep_immutable_fields(
-            [encoded(service({"a": "1", "g": "y"}, None))], {("Service", "s"): stored}
+            [encoded(service({"a": "1", "g": "y"}, None))], {("Service", "s"): stored}, {}
         )
         assert answer == [] and len(notices) == 1 and "is being replaced" in notices[0]
 

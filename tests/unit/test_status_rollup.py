@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hooks import answer as answer_step
 from hooks import memo, status
 from hooks import observed as observed_state
 from hooks.api.graph import InferaDeployment
@@ -250,31 +251,27 @@ def answer(idep: InferaDeployment) -> list[EncodedChild]:
     return [EncodedChild.of(child) for child in render_children(idep)]
 
 
+def changing(idep: InferaDeployment, observed: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    return answer_step.services_changing(answer_step.workloads_answered(idep, answer(idep), observed))
+
+
 def test_services_changing_are_those_whose_workload_the_answer_changes_beyond_replicas() -> None:
     observed = recorded(converged(PD))
-    assert observed_state.services_changing(PD, answer(PD), observed) == []
+    assert changing(PD, observed) == []
     # Replicas alone: an autoscaler's or a scale's doing, counted against the new count instead.
     scaled = with_spec(graph().replicas(decode=3))
-    assert observed_state.services_changing(scaled, answer(scaled), observed) == []
+    assert changing(scaled, observed) == []
     # A new image is a new template for every pod; a workload the answer creates is new too.
     moved = with_spec(graph().image("rocm/infera:sglang-v0.1.2"))
-    assert observed_state.services_changing(moved, answer(moved), observed) == ["decode", "prefill", "server"]
+    assert changing(moved, observed) == ["decode", "prefill", "server"]
     del observed[("Deployment", "qwen-pd-decode")]
-    assert observed_state.services_changing(PD, answer(PD), observed) == ["decode"]
+    assert changing(PD, observed) == ["decode"]
     # Without a record (a workload adopted from elsewhere) nothing says it changes.
     bare = {
         key: {**child, "metadata": {k: v for k, v in child["metadata"].items() if k != "annotations"}}
         for key, child in observed.items()
     }
-    assert observed_state.services_changing(PD, answer(PD), bare) == ["decode"]
-
-
-def test_the_verdicts_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(observed_state, "VERDICTS_KEPT", 4)
-    observed_state._verdicts.clear()
-    for index in range(10):
-        observed_state._changes_workload(json.dumps({"spec": {"replicas": index}}), b'{"spec": {}}')
-    assert len(observed_state._verdicts) == 4
+    assert changing(PD, bare) == ["decode"]
 
 
 # --- the status memo's key: whatever the roll-up reads of an observed child is in it ---------------------------
