@@ -99,12 +99,7 @@ def front_door(cluster: Cluster, namespace: str) -> dict[str, Any]:
 
 def audited(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
     """Every completed write the audit log holds in `namespace`, by anyone, in order."""
-    events = [json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line]
-    return [
-        event
-        for event in events
-        if event["stage"] == "ResponseComplete" and event["objectRef"].get("namespace") == namespace
-    ]
+    return [event for event in cluster.completed_writes() if event["objectRef"].get("namespace") == namespace]
 
 
 def writes_to(events: list[dict[str, Any]], resource: str, names: set[str]) -> list[tuple[str, str, str, str]]:

@@ -145,24 +145,27 @@ class Cluster:
 
     def audit_writes(self, user: str) -> list[dict[str, Any]]:
         """Every completed write the audit log holds by `user`."""
-        return [event for event in self._completed_writes() if event["user"]["username"] == user]
+        return [event for event in self.completed_writes() if event["user"]["username"] == user]
 
     def audit_writes_by_accounts_of(self, namespace: str) -> list[dict[str, Any]]:
         """Every completed write the audit log holds by a ServiceAccount of `namespace`."""
         prefix = f"system:serviceaccount:{namespace}:"
-        return [event for event in self._completed_writes() if event["user"]["username"].startswith(prefix)]
+        return [event for event in self.completed_writes() if event["user"]["username"].startswith(prefix)]
 
     def audit_writes_to(self, namespace: str, resource: str, name: str) -> list[dict[str, Any]]:
         """Every completed write the audit log holds to one object (its subresources included)."""
         return [
             event
-            for event in self._completed_writes()
+            for event in self.completed_writes()
             if (event["objectRef"].get("namespace"), event["objectRef"].get("resource"), event["objectRef"].get("name"))
             == (namespace, resource, name)
         ]
 
-    def _completed_writes(self) -> list[dict[str, Any]]:
-        events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
+    def completed_writes(self) -> list[dict[str, Any]]:
+        """Every completed write the audit log holds, in order. The API server may be writing
+        its last line as it is read: a line not ended yet is left for a later read."""
+        complete = self.audit_log.read_text().split("\n")[:-1]
+        events = [json.loads(line) for line in complete if line]
         return [event for event in events if event["stage"] == "ResponseComplete"]
 
 
