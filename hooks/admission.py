@@ -28,27 +28,11 @@ from hooks.contract import field_at, list_merge_key, merge_key_text
 from hooks.kubernetes_names import label_value_valid, shown
 from hooks.kubernetes_schema import Problem
 from hooks.observed import POD_TEMPLATE_PATHS, service_of
-from hooks.pod_rules import metadata_problems, pod_problems, port_name_problem, quantity_or_none
+from hooks.pod_rules import metadata_problems, pod_problems, port_name_problem, quantity_or_none, selects
 from hooks.renderers.patches import targeting
 
 # A workload's strategy field, and its type that takes no rollingUpdate.
 WITHOUT_ROLLING_UPDATE = {"Deployment": ("strategy", "Recreate"), "StatefulSet": ("updateStrategy", "OnDelete")}
-
-
-def _selects(selector: dict, labels: dict) -> bool:
-    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
-        return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def _zero(value: Any) -> bool:
@@ -63,7 +47,7 @@ def _workload_problems(child: dict) -> Iterator[Problem]:
         labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
         if not (selector.get("matchLabels") or selector.get("matchExpressions")):
             yield "spec.selector", "must select the template's pods"
-        elif not _selects(selector, labels):
+        elif not selects(selector, labels):
             yield "spec.template.metadata.labels", "do not match spec.selector"
     if child["kind"] in WITHOUT_ROLLING_UPDATE:
         field, without = WITHOUT_ROLLING_UPDATE[child["kind"]]

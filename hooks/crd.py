@@ -34,6 +34,13 @@ PRINTER_COLUMNS = [
         "description": "Under BlueGreen: Stable, Progressing, Stalled, Switching or Draining",
     },
     {"name": "Serving", "type": "string", "priority": 1, "jsonPath": ".status.rollout.servingGeneration"},
+    {
+        "name": "Nodes",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.placement.summary",
+        "description": "With spec.placement: the nodes each worker service's pods run on",
+    },
     {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -217,3 +217,20 @@ def pod_problems(template: dict, where: str, claims: frozenset[str] = frozenset(
             yield from _restart_policy_problems(container, kind, f"{at}.{kind}[{index}]")
             yield from _profile_problems(container.get("securityContext"), f"{at}.{kind}[{index}].securityContext")
             yield from _container_problems(container, f"{at}.{kind}[{index}]", mountable)
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Whether a label selector (matchLabels and matchExpressions) selects `labels`."""
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True

@@ -16,7 +16,7 @@ from hooks.immutable import encoded
 from hooks.limits import RenderedSize
 from hooks.observed import Observed, live_replicas, model_download, service_of
 from hooks.registration import EVERY_KIND, defaults_left_out, gateway_registered, keeps_default
-from hooks.renderers import autoscaling, discovery, gaie, model_cache, monitoring, nats, network, patches
+from hooks.renderers import autoscaling, discovery, gaie, model_cache, monitoring, nats, network, patches, placement
 from hooks.renderers.pods import pod_template
 from hooks.renderers.services import server_service
 from hooks.renderers.workloads import workload
@@ -99,6 +99,7 @@ def _rendered(
     for child in gaie.epp_disruption_budget(idep) if gateway else []:
         if keeps_default(registration, child, asked_for=False):
             add(child)
+    placement.check_pinned_domains(idep)
     waiting = _waiting_for_model(idep, inputs)
     for service, svc in sorted(idep.spec.services.items()):
         model_dir = _model_dir(idep, inputs, service, waiting)

@@ -1,4 +1,5 @@
-"""Why a graph's pods wait to be scheduled, in the scheduler's own words.
+"""Why a graph's pods wait to be scheduled, in the scheduler's own words, and where its
+workers run.
 
 Read from the Pods the customize hook asks Metacontroller for, and kept apart from the status
 roll-up, which only words what this finds: whether Metacontroller keeps watching Pods for us is a
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hooks.observed import quoted
-from hooks.vocabulary import GENERATION_LABEL, SERVICE_LABEL
+from hooks.vocabulary import COMPONENT_LABEL, GENERATION_LABEL, SERVICE_LABEL
 
 # PodScheduled=False reasons that mean the pod waits for room (or for a gate a queue controller
 # such as Kueue lifts), rather than being on its way to a node.
@@ -64,3 +65,20 @@ def unscheduled(pods: Iterable[dict[str, Any]]) -> tuple[Unscheduled, ...]:
         Unscheduled(service, generation, len(waiting), min(waiting)[1])
         for (service, generation), waiting in sorted(found.items())
     )
+
+
+# (service, its worker pods' nodes), by service.
+WorkerNodes = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def worker_nodes(pods: Iterable[dict[str, Any]]) -> WorkerNodes:
+    """The nodes each worker service's pods (of every generation) run on, by service."""
+    found: dict[str, set[str]] = {}
+    for pod in pods:
+        metadata = pod["metadata"]
+        labels = metadata.get("labels") or {}
+        node = (pod.get("spec") or {}).get("nodeName") if pod["kind"] == "Pod" else None
+        if isinstance(node, str) and labels.get(COMPONENT_LABEL) == "worker" and SERVICE_LABEL in labels:
+            if metadata.get("deletionTimestamp") is None:
+                found.setdefault(labels[SERVICE_LABEL], set()).add(node)
+    return tuple((service, tuple(sorted(nodes))) for service, nodes in sorted(found.items()))

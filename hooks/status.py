@@ -19,6 +19,7 @@ from hooks.api.status import (
     GaieStatus,
     InferaDeploymentStatus,
     ModelCacheStatus,
+    PlacementStatus,
     RolloutStatus,
     ServiceStatus,
     State,
@@ -29,7 +30,7 @@ from hooks.encoding import EncodedChild, canonical_json
 from hooks.generations import Rollout, belongs_to_a_generation, generation_of
 from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload
 from hooks.rollout_status import rollout_status
-from hooks.scheduling import Unscheduled
+from hooks.scheduling import Unscheduled, WorkerNodes
 from hooks.vocabulary import WORKLOAD_KINDS
 
 
@@ -83,6 +84,8 @@ class StatusInputs:
     lost: tuple[str, ...] = ()
     # Pods no node takes (hooks.scheduling), where the request carries the graph's Pods.
     unscheduled: tuple[Unscheduled, ...] = ()
+    # The nodes each worker service's pods run on, while spec.placement is set.
+    worker_nodes: WorkerNodes | None = None
 
     @classmethod
     def of(
@@ -98,6 +101,7 @@ class StatusInputs:
         coming: Sequence[str] = (),
         lost: Sequence[str] = (),
         unscheduled: Sequence[Unscheduled] = (),
+        worker_nodes: WorkerNodes | None = None,
     ) -> "StatusInputs":
         """From the observed children by (kind, name), the previous status and the rest of what
         the roll-up reads."""
@@ -112,6 +116,7 @@ class StatusInputs:
             coming=tuple(coming),
             lost=tuple(lost),
             unscheduled=tuple(unscheduled),
+            worker_nodes=worker_nodes,
         )
 
     def observed(self) -> Observed:
@@ -153,6 +158,7 @@ def inputs_of(
         coming=tuple(coming),
         lost=tuple(lost),
         unscheduled=scheduling.unscheduled(request.related),
+        worker_nodes=scheduling.worker_nodes(request.related) if idep.spec.placement else None,
     )
 
 
@@ -290,7 +296,21 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
         gaie=parts.gateway,
         model_cache=parts.cache,
         rollout=parts.rollout,
+        placement=_placement(inputs.worker_nodes),
     )
+
+
+# The one-line summary is a printer column: a pool of hundreds of nodes is cut short there.
+MAX_PLACEMENT_SUMMARY = 256
+
+
+def _placement(worker_nodes: WorkerNodes | None) -> PlacementStatus | None:
+    if worker_nodes is None:
+        return None
+    summary = "; ".join(f"{service}: {','.join(nodes)}" for service, nodes in worker_nodes)
+    if len(summary) > MAX_PLACEMENT_SUMMARY:
+        summary = summary[: MAX_PLACEMENT_SUMMARY - 1] + "…"
+    return PlacementStatus(nodes={service: list(nodes) for service, nodes in worker_nodes}, summary=summary)
 
 
 def encoded_status(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> tuple[State | None, bytes]:

@@ -23,6 +23,7 @@ from hooks.api.fields import ApiModel, ImageReference, SpecError
 from hooks.api.infrastructure import DownloaderSpec, GaieSpec, ModelCacheSpec, MonitoringSpec, NatsSpec, RolloutSpec
 from hooks.api.name_rules import problems as name_problems
 from hooks.api.network import NetworkPolicySpec
+from hooks.api.placement import PlacementSpec
 from hooks.api.rules import (
     BLUE_GREEN_DISCOVERY_RULE,
     BLUE_GREEN_FRONT_DOOR_RULE,
@@ -168,6 +169,8 @@ class InferaDeploymentSpec(ApiModel):
     kustomize component metacontroller/components/monitoring."""
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     """How a change to what the processes run reaches the pods: in place, or a generation at a time."""
+    placement: PlacementSpec | None = None
+    """Which fabric domain the workers of a generation share (docs/placement.md)."""
 
     @property
     def blue_green(self) -> bool:

@@ -137,6 +137,14 @@ BLUE_GREEN_DISCOVERY_RULE = (
     "rollout.strategy BlueGreen keeps generations apart by the label selector routers find workers with: "
     "it needs discoveryBackend kubernetes"
 )
+PLACEMENT_EMPTY_RULE = (
+    "placement needs topologyKey (the node label that names a fabric domain), scheduler Kueue, or both"
+)
+PLACEMENT_MODE_RULE = "placement.mode needs placement.topologyKey: the node label whose value names a fabric domain"
+PLACEMENT_KUEUE_RULE = (
+    "placement.kueue is set exactly when placement.scheduler is Kueue: set kueue.queueName to the LocalQueue "
+    "of the graph's namespace"
+)
 BLUE_GREEN_FRONT_DOOR_RULE = (
     "rollout.strategy BlueGreen moves the graph's front door from one generation to the next: it needs a "
     "server service or gaie.enabled"

@@ -130,6 +130,16 @@ class RolloutStatus(ApiModel):
     """What the rollout waits on."""
 
 
+class PlacementStatus(ApiModel):
+    """Where the workers run; set while spec.placement is."""
+
+    nodes: dict[str, list[str]]
+    """The nodes each worker service's pods run on, by service (pods that wait for a node are
+    in the message)."""
+    summary: str
+    """The same on one line, as `kubectl get idep -o wide` shows it: `decode: node-1; prefill: node-1`."""
+
+
 class InferaDeploymentStatus(ApiModel):
     """The observed state of the graph, written by the hook on every sync."""
 
@@ -151,3 +161,5 @@ class InferaDeploymentStatus(ApiModel):
     """The model cache's download when spec.modelCache is set."""
     rollout: RolloutStatus | None = None
     """The rollout under BlueGreen."""
+    placement: PlacementStatus | None = None
+    """Where the workers run, while spec.placement is set."""

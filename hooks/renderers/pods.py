@@ -6,7 +6,7 @@ from hooks.api.fields import primary_index
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
 from hooks.quantity import canonical_quantity
-from hooks.renderers import autoscaling, discovery, model_cache, overlay, probes, security
+from hooks.renderers import autoscaling, discovery, model_cache, overlay, placement, probes, security
 from hooks.renderers.env import service_env
 from hooks.renderers.gaie import ROUTER_REQUESTS, frontend_sidecar
 from hooks.vocabulary import (
@@ -174,4 +174,7 @@ def pod_template(
     # After the template: one that names an account of its own keeps kubelet's default.
     discovery.unmount_unused_token(idep, spec)
     _complete_primary(svc, spec, leader)
-    return {"metadata": metadata, "spec": spec}
+    template = {"metadata": metadata, "spec": spec}
+    # After the template too: its own affinity terms stand beside the placement's.
+    placement.place(idep, service, svc, template)
+    return template

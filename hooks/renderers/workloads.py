@@ -2,8 +2,17 @@
 
 from hooks.api.graph import InferaDeployment
 from hooks.api.services import ServiceSpec
+from hooks.renderers import placement
 from hooks.renderers.pods import pod_template
 from hooks.vocabulary import BY_KIND, generation_labels, generation_metadata, selector_labels
+
+
+def _metadata(idep: InferaDeployment, service: str, svc: ServiceSpec) -> dict:
+    metadata = generation_metadata(idep, service)
+    metadata["labels"] |= placement.workload_labels(idep, svc)
+    if annotations := placement.workload_annotations(idep, svc):
+        metadata["annotations"] = annotations
+    return metadata
 
 
 def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas: int, model_dir: str | None) -> dict:
@@ -20,7 +29,7 @@ def deployment(idep: InferaDeployment, service: str, svc: ServiceSpec, replicas:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": generation_metadata(idep, service),
+        "metadata": _metadata(idep, service, svc),
         "spec": spec,
     }
 
@@ -32,7 +41,7 @@ def leader_worker_set(
     return {
         "apiVersion": BY_KIND["LeaderWorkerSet"].api_version,
         "kind": "LeaderWorkerSet",
-        "metadata": generation_metadata(idep, service),
+        "metadata": _metadata(idep, service, svc),
         "spec": {
             "replicas": replicas,
             # Workers start with the leader: with LeaderReady the leader could never turn ready,

@@ -27,6 +27,7 @@ def test_the_documented_examples_exist() -> None:
         "gated-model-cache.yaml",
         "pd-monitored.yaml",
         "pd-blue-green.yaml",
+        "multinode-kueue.yaml",
     }
 
 
@@ -151,6 +152,10 @@ EXPECTED = {
         "llama-tp",
         PLUMBING | {("Deployment", "server"), ("Service", "server"), ("LeaderWorkerSet", "worker")} | budgets("worker"),
     ),
+    "multinode-kueue.yaml": (
+        "llama-kueue",
+        PLUMBING | {("Deployment", "server"), ("Service", "server"), ("LeaderWorkerSet", "worker")} | budgets("worker"),
+    ),
 }
 
 
@@ -187,15 +192,19 @@ def test_examples_are_listed_in_the_readme() -> None:
 
 
 def test_mooncake_recipe(hooks) -> None:
-    """Router and prefill on node A, decode on node B; KV over RoCE, RPC on the pod network."""
+    """Prefill and decode in one fabric domain, the router anywhere; KV over RoCE, RPC on the
+    pod network."""
     answer = hooks.sync(parent(REPO / "examples" / "pd-1p1d-mooncake.yaml"))
     pods = {
         c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in answer["children"] if c["kind"] == "Deployment"
     }
-    assert {name: pod["nodeSelector"]["kubernetes.io/hostname"] for name, pod in pods.items()} == {
-        "qwen-1p1d-server": "gpu-node-a",
-        "qwen-1p1d-prefill": "gpu-node-a",
-        "qwen-1p1d-decode": "gpu-node-b",
+    workers = {"infera.amd.com/deployment": "qwen-1p1d", "infera.amd.com/component": "worker"}
+    term = {"labelSelector": {"matchLabels": workers}, "topologyKey": "infera.amd.com/fabric-domain"}
+    placed = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    assert {name: (pod.get("nodeSelector"), pod.get("affinity")) for name, pod in pods.items()} == {
+        "qwen-1p1d-server": (None, None),
+        "qwen-1p1d-prefill": (None, placed),
+        "qwen-1p1d-decode": (None, placed),
     }
     for name in ("qwen-1p1d-prefill", "qwen-1p1d-decode"):
         pod = pods[name]

@@ -3,7 +3,6 @@ volumes for the claims, the LeaderWorkerSet controller with its webhooks, Servic
 and the API server's audit log of writes.
 """
 
-import base64
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ import httpx
 import yaml
 
 from tests.support.controlplane import programs, running_cluster
-from tests.support.loopback import free_port, wait_ready
+from tests.support.loopback import free_port, loopback_certificate, wait_ready
 from tests.support.prerequisites import go_module
 
 LWS_MODULE = "sigs.k8s.io/lws@v0.9.0"
@@ -43,10 +42,12 @@ NODE_CAPACITY = {
     "amd.com/gpu": "8",
     "nvidia.com/gpu": "8",
 }
-# pd-1p1d-mooncake pins its pools to the first two hostnames. The scheduler spreads pods, so
-# one-GPU pods soon touch every node: enough nodes stay whole for the 8-GPU pods of multi-node
-# pools.
+# The scheduler spreads pods, so one-GPU pods soon touch every node: enough nodes stay whole for
+# the 8-GPU pods of multi-node pools.
 NODE_NAMES = ["gpu-node-a", "gpu-node-b", *(f"gpu-node-{index}" for index in range(1, 31))]
+# The fabric domain label of examples/pd-1p1d-mooncake.yaml's placement: four nodes a domain.
+FABRIC_DOMAIN_LABEL = "infera.amd.com/fabric-domain"
+NODES_PER_DOMAIN = 4
 
 
 @dataclass
@@ -248,7 +249,7 @@ def versions_of(cluster: Cluster, collection: str, name: str, resource_version: 
     assert errors == []
 
 
-def kwok_node(name: str) -> dict[str, Any]:
+def kwok_node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A node kwok keeps Ready, running its pods without containers."""
     return {
         "apiVersion": "v1",
@@ -261,6 +262,7 @@ def kwok_node(name: str) -> dict[str, Any]:
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "type": "kwok",
+                **(labels or {}),
             },
         },
         "status": {"capacity": NODE_CAPACITY, "allocatable": NODE_CAPACITY},
@@ -291,7 +293,12 @@ def running_cluster_with_nodes(workdir: Path, name: str = "infera-test") -> Iter
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     with running_cluster(workdir, name, audit_policy=policy) as kubeconfig:
         cluster = Cluster(kubeconfig, workdir / "kwok" / "clusters" / name / "logs" / "audit.log")
-        cluster.apply(*(kwok_node(node) for node in NODE_NAMES))
+        cluster.apply(
+            *(
+                kwok_node(node, {FABRIC_DOMAIN_LABEL: f"fabric-{index // NODES_PER_DOMAIN}"})
+                for index, node in enumerate(NODE_NAMES)
+            )
+        )
         cluster.apply(*(volume(f"plain-{index}") for index in range(40)))
         cluster.apply(*(volume(f"fast-rwx-{index}", "fast-rwx") for index in range(10)))
         yield cluster
@@ -319,19 +326,13 @@ def _webhook(
 @contextmanager
 def running_lws(cluster: Cluster, workdir: Path) -> Iterator[None]:
     """The LeaderWorkerSet controller as a loopback process, its CRDs installed and its
-    admission webhooks registered by URL (a self-signed certificate for 127.0.0.1: no Service
-    can reach a process outside the cluster's pod network)."""
+    admission webhooks registered by URL (loopback_certificate)."""
     module = go_module(LWS_MODULE)
     for crd in ("leaderworkerset.x-k8s.io_leaderworkersets.yaml", "disaggregatedset.x-k8s.io_disaggregatedsets.yaml"):
         applied = cluster.kubectl("apply", "--server-side", "-f", str(module / "config" / "crd" / "bases" / crd))
         assert applied.returncode == 0, applied.stderr
     certs = workdir / "lws-certs"
-    certs.mkdir(exist_ok=True)
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.crt")],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    ca_bundle = loopback_certificate(certs)
     webhook_port, health_port = free_port(), free_port()
     config = workdir / "lws-config.yaml"
     config.write_text(
@@ -357,7 +358,6 @@ def running_lws(cluster: Cluster, workdir: Path) -> Iterator[None]:
     )
     try:
         wait_ready(process, f"http://127.0.0.1:{health_port}/readyz", workdir / "lws-controller.log")
-        ca_bundle = base64.b64encode((certs / "tls.crt").read_bytes()).decode()
         lws = ("leaderworkerset.x-k8s.io", "leaderworkersets")
         cluster.apply(
             {

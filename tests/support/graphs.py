@@ -152,6 +152,10 @@ class GraphBuilder:
         """spec.rollout, the whole section."""
         return self.spec(rollout=_section(fields))
 
+    def placement(self, **fields: Any) -> Self:
+        """spec.placement, the whole section: `.placement(topologyKey="rack", mode="Preferred")`."""
+        return self.spec(placement=_section(fields))
+
     def blue_green(self) -> Self:
         return self.rollout(strategy="BlueGreen")
 

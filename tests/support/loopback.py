@@ -1,5 +1,7 @@
-"""Programs the tests start on loopback: a port for each, and waiting until it is ready."""
+"""Programs the tests start on loopback: a port for each, waiting until it is ready, and a
+certificate for those the API server calls."""
 
+import base64
 import socket
 import subprocess
 import time
@@ -28,3 +30,17 @@ def wait_ready(process: subprocess.Popen, url: str, log: Path, seconds: float = 
             pass
         assert time.monotonic() < deadline, f"not ready within {seconds:.0f} s: {log.read_text()[-4000:]}"
         time.sleep(0.5)
+
+
+def loopback_certificate(directory: Path) -> str:
+    """A self-signed serving certificate for 127.0.0.1 in `directory` (tls.crt, tls.key), as a
+    webhook server reads it; its caBundle, for the webhook configurations that call it (no
+    Service can reach a process outside the cluster's pod network, so they call it by URL)."""
+    directory.mkdir(exist_ok=True)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(directory / "tls.key"),
+         "-out", str(directory / "tls.crt")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return base64.b64encode((directory / "tls.crt").read_bytes()).decode()

@@ -53,7 +53,7 @@ def test_every_rule_compiles() -> None:
                 collect(value)
 
     collect(ROOT)
-    assert len(rules) == 48
+    assert len(rules) == 51
     for rule in rules:
         CEL.compile(rule["rule"])
         assert rule["message"]
@@ -265,6 +265,18 @@ CASES: list[tuple[str, Change, str]] = [
         rules.PEER_RULE,
     ),
     ("peer that names nothing", lambda g: g.network_policy(metricsFrom=[{}]), rules.PEER_RULE),
+    ("placement that places nothing", lambda g: g.placement(), rules.PLACEMENT_EMPTY_RULE),
+    (
+        "placement mode without a topology key",
+        lambda g: g.placement(mode="Preferred", scheduler="Kueue", kueue={"queueName": "q"}),
+        rules.PLACEMENT_MODE_RULE,
+    ),
+    ("Kueue without a queue", lambda g: g.placement(topologyKey="rack", scheduler="Kueue"), rules.PLACEMENT_KUEUE_RULE),
+    (
+        "a queue for the default scheduler",
+        lambda g: g.placement(topologyKey="rack", kueue={"queueName": "q"}),
+        rules.PLACEMENT_KUEUE_RULE,
+    ),
     (
         "selector In without values",
         lambda g: g.network_policy(
