@@ -6,8 +6,8 @@ with the same children as stored, the same status and the same writes.
 The graphs move in lockstep, one step at a time on the cluster, so the waits overlap. The world
 the simulator cannot make (what the workload controllers, kwok's pods, the autoscaler and the
 Gateway report) is copied into it from the cluster once the step has settled there: each
-child's status, and an autoscaler's count of the workload it targets. Pods are not copied: the
-hooks read them only for a pod no node takes, and every step settles with each one scheduled.
+child's status, an autoscaler's count of the workload it targets, and the graph's Pods (the
+hooks read them for a pod no node takes and, under spec.placement, for where workers run).
 What Metacontroller does with the hooks' answers is not copied: the creates, updates and
 deletes, the last-applied record, generations, the parent's finalizer and status are each the
 simulator's own, compared with the audit log and the stored objects. The status is compared by
@@ -158,17 +158,18 @@ def compared_writes(writes: Counter[Write]) -> Counter[Write]:
     return Counter({write: 1 if write[0] == "status" else count for write, count in writes.items()})
 
 
-def mirrored(simulated: Metacontroller, real: dict[Key, dict[str, Any]]) -> bool:
+def mirrored(simulated: Metacontroller, real: dict[Key, dict[str, Any]], pods: dict[str, dict[str, Any]]) -> bool:
     """Copies the world's part of each child from the cluster into the simulator: its status
     (what its controller, kwok's pods or the Gateway reported) and, for a workload an
-    autoscaler targets, its count. Whether anything changed."""
+    autoscaler targets, its count; and the graph's Pods, by name. Whether anything changed."""
     targeted = {
         (target["kind"], target["name"])
         for (kind, _), child in simulated.children.items()
         if kind == "HorizontalPodAutoscaler"
         for target in [child["spec"]["scaleTargetRef"]]
     }
-    changed = False
+    changed = simulated.pods != pods
+    simulated.pods = copy.deepcopy(pods)
     for key, child in simulated.children.items():
         if key not in real:
             continue
@@ -183,13 +184,15 @@ def mirrored(simulated: Metacontroller, real: dict[Key, dict[str, Any]]) -> bool
     return changed
 
 
-def simulated_step(simulated: Metacontroller, real: dict[Key, dict[str, Any]]) -> list[Write]:
+def simulated_step(
+    simulated: Metacontroller, real: dict[Key, dict[str, Any]], pods: dict[str, dict[str, Any]]
+) -> list[Write]:
     """The simulator through one step: it converges, the world catches up with the cluster's,
     until neither moves; its writes meanwhile."""
     start = len(simulated.writes)
     for _ in range(6):
         simulated.converge()
-        if not mirrored(simulated, real):
+        if not mirrored(simulated, real, pods):
             return simulated.writes[start:]
     raise AssertionError(f"the simulator never settled: {simulated.writes[start:][-10:]}")
 
@@ -256,9 +259,10 @@ def compared_step(installed: Installed, graph: Graph, step: str, since: int) -> 
     real = {
         (c["kind"], c["metadata"]["name"]): c for c in children(cluster, graph.namespace, parent["metadata"]["uid"])
     }
+    pods = {pod["metadata"]["name"]: pod for pod in get(cluster, "-n", graph.namespace, "pods")["items"]}
     # What Metacontroller wrote up to this look at the cluster, not after it.
     until = len(cluster.audit_writes(METACONTROLLER_USER))
-    written = simulated_step(simulated, real)
+    written = simulated_step(simulated, real, pods)
     found = differences("children", sorted(real), sorted(simulated.children))
     for key in sorted(set(real) & set(simulated.children)):
         previous = graph.records.get(key)
@@ -347,6 +351,8 @@ def test_the_simulator_takes_every_step_as_metacontroller_does(installed: Instal
         simulated = graph.simulated
         assert simulated is not None
         start = len(simulated.writes)
+        # Its own pods from here, which drain as its teardown deletes their workloads.
+        simulated.pods = {}
         simulated.run_pods()
         while not simulated.finalized:
             assert len(simulated.writes) - start < 200, simulated.writes[start:]
