@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.test_graphs import eventually, get, wait_graph_ready
+from tests.cluster.test_graphs import columns, eventually, get, wait_graph_ready
 from tests.support.cluster import Cluster, graph_namespace
 from tests.support.graphs import GraphBuilder, graph
 from tests.support.kueue import running_kueue
@@ -97,10 +97,17 @@ def namespace(installed: Installed, request: pytest.FixtureRequest) -> Iterator[
 
 
 def test_required_lands_every_worker_in_one_domain(installed: Installed, namespace: str) -> None:
-    apply(installed.cluster, four_gpu_pd(namespace).placement(topologyKey=RACK))
+    cluster = installed.cluster
+    apply(cluster, four_gpu_pd(namespace).placement(topologyKey=RACK))
     wait_graph_ready(installed, namespace, NAME)
-    placed = worker_racks(installed.cluster, namespace)
+    placed = worker_racks(cluster, namespace)
     assert len(placed) == 4 and len(set(placed.values())) == 1 and None not in placed.values(), placed
+    # `kubectl get idep -o wide` says where each pool runs.
+    nodes: dict[str, set[str]] = {}
+    for pod in get(cluster, "-n", namespace, "pods", "-l", "infera.amd.com/component=worker")["items"]:
+        nodes.setdefault(pod["metadata"]["labels"]["infera.amd.com/service"], set()).add(pod["spec"]["nodeName"])
+    summary = "; ".join(f"{service}: {','.join(sorted(on))}" for service, on in sorted(nodes.items()))
+    assert eventually(lambda: columns(cluster, namespace, NAME, "wide")["NODES"] == summary, "the NODES column")
 
 
 def test_without_placement_the_same_workers_spread(installed: Installed, namespace: str) -> None:

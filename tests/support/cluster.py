@@ -19,7 +19,7 @@ import httpx
 import yaml
 
 from tests.support.controlplane import programs, running_cluster
-from tests.support.loopback import free_port, loopback_certificate, wait_ready
+from tests.support.loopback import controller_configuration, free_port, loopback_certificate, wait_ready
 from tests.support.prerequisites import go_module
 
 LWS_MODULE = "sigs.k8s.io/lws@v0.9.0"
@@ -336,17 +336,7 @@ def running_lws(cluster: Cluster, workdir: Path) -> Iterator[None]:
     webhook_port, health_port = free_port(), free_port()
     config = workdir / "lws-config.yaml"
     config.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "config.lws.x-k8s.io/v1alpha1",
-                "kind": "Configuration",
-                "leaderElection": {"leaderElect": False},
-                "internalCertManagement": {"enable": False},
-                "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
-                "metrics": {"bindAddress": "0"},
-                "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-            }
-        )
+        yaml.safe_dump(controller_configuration("config.lws.x-k8s.io/v1alpha1", certs, webhook_port, health_port))
     )
     log = (workdir / "lws-controller.log").open("w")
     process = subprocess.Popen(

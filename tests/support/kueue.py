@@ -16,7 +16,7 @@ import yaml
 
 from tests.support.cluster import Cluster
 from tests.support.gobuild import built
-from tests.support.loopback import free_port, loopback_certificate, wait_ready
+from tests.support.loopback import controller_configuration, free_port, loopback_certificate, wait_ready
 from tests.support.prerequisites import go_module
 
 KUEUE_MODULE = "sigs.k8s.io/kueue@v0.17.0"
@@ -93,24 +93,13 @@ def running_kueue(cluster: Cluster, workdir: Path) -> Iterator[None]:
     names = [f"crd/{yaml.safe_load(crd.read_text())['metadata']['name']}" for crd in crds]
     established = cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names, timeout=90)
     assert established.returncode == 0, established.stderr
-    ca_bundle = loopback_certificate(workdir / "kueue-certs")
+    certs = workdir / "kueue-certs"
+    ca_bundle = loopback_certificate(certs)
     webhook_port, health_port = free_port(), free_port()
     config = workdir / "kueue-config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-                "kind": "Configuration",
-                "namespace": "kueue-system",
-                "leaderElection": {"leaderElect": False},
-                "internalCertManagement": {"enable": False},
-                "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(workdir / "kueue-certs")},
-                "metrics": {"bindAddress": "0"},
-                "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-                "integrations": {"frameworks": FRAMEWORKS},
-            }
-        )
-    )
+    configuration = controller_configuration("config.kueue.x-k8s.io/v1beta2", certs, webhook_port, health_port)
+    configuration |= {"namespace": "kueue-system", "integrations": {"frameworks": FRAMEWORKS}}
+    config.write_text(yaml.safe_dump(configuration))
     log_path = workdir / "kueue-controller.log"
     log = log_path.open("w")
     kueue = [

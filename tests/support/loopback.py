@@ -6,6 +6,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -44,3 +45,19 @@ def loopback_certificate(directory: Path) -> str:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     return base64.b64encode((directory / "tls.crt").read_bytes()).decode()
+
+
+def controller_configuration(kind: str, certs: Path, webhook_port: int, health_port: int) -> dict[str, Any]:
+    """The configuration file of a controller-runtime controller (`kind`: its apiVersion) run
+    as a loopback process: no leader election, its webhooks served on 127.0.0.1 with the
+    loopback certificate in `certs` (no certificates of its own), no metrics server, and its
+    health checks on `health_port`."""
+    return {
+        "apiVersion": kind,
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+    }
