@@ -28,7 +28,7 @@ from hooks.conditions import Stamp
 from hooks.contract import HookRequest
 from hooks.encoding import EncodedChild, canonical_json
 from hooks.generations import Rollout, belongs_to_a_generation, generation_of
-from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload
+from hooks.observed import Observed, as_object, current_ready, model_download, observed_workload, quoted
 from hooks.rollout_status import rollout_status
 from hooks.scheduling import Unscheduled, WorkerNodes
 from hooks.vocabulary import WORKLOAD_KINDS
@@ -300,16 +300,11 @@ def roll_up(idep: InferaDeployment, inputs: StatusInputs, now: Clock) -> InferaD
     )
 
 
-# The one-line summary is a printer column: a pool of hundreds of nodes is cut short there.
-MAX_PLACEMENT_SUMMARY = 256
-
-
 def _placement(worker_nodes: WorkerNodes | None) -> PlacementStatus | None:
     if worker_nodes is None:
         return None
-    summary = "; ".join(f"{service}: {','.join(nodes)}" for service, nodes in worker_nodes)
-    if len(summary) > MAX_PLACEMENT_SUMMARY:
-        summary = summary[: MAX_PLACEMENT_SUMMARY - 1] + "…"
+    # A printer column: a pool of hundreds of nodes is cut short there, as quoted words are.
+    summary = quoted("; ".join(f"{service}: {','.join(nodes)}" for service, nodes in worker_nodes))
     return PlacementStatus(nodes={service: list(nodes) for service, nodes in worker_nodes}, summary=summary)
 
 

@@ -47,6 +47,11 @@ class PlacementSpec(ApiModel):
     def required(self) -> bool:
         return self.mode != "Preferred"
 
+    @property
+    def affinity_key(self) -> str | None:
+        """The topologyKey the cluster's scheduler places by: None under Kueue, or without one."""
+        return self.topology_key if self.scheduler == "Default" else None
+
     @model_validator(mode="after")
     def _consistent(self) -> "PlacementSpec":
         if self.topology_key is None and self.scheduler != "Kueue":

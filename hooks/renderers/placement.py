@@ -47,10 +47,8 @@ def workload_annotations(idep: InferaDeployment, svc: ServiceSpec) -> dict[str, 
     could put two leaders in a domain with room for one group and leave both groups short of a
     node forever. LeaderWorkerSet's exclusive topology keeps every other group out of a leader's
     domain, so a group that fits a domain always completes there."""
-    placement = idep.spec.placement
-    if placement is None or placement.scheduler != "Default" or placement.topology_key is None:
-        return {}
-    return {EXCLUSIVE_TOPOLOGY: placement.topology_key} if svc.number_of_nodes > 1 else {}
+    key = idep.spec.placement.affinity_key if idep.spec.placement else None
+    return {EXCLUSIVE_TOPOLOGY: key} if key is not None and svc.number_of_nodes > 1 else {}
 
 
 def place(idep: InferaDeployment, service: str, svc: ServiceSpec, template: dict[str, Any]) -> None:
@@ -59,11 +57,13 @@ def place(idep: InferaDeployment, service: str, svc: ServiceSpec, template: dict
     placement = idep.spec.placement
     if placement is None or not svc.is_worker:
         return
+    key = placement.affinity_key
     if placement.scheduler == "Kueue":
         _annotate_for_kueue(placement, service, svc, template["metadata"])
-    elif placement.topology_key is not None and svc.number_of_nodes == 1:
-        _refuse_repelling(idep, service, template["spec"], placement.topology_key, placement.required)
-        _add_pod_affinity(idep, placement, template["spec"], placement.topology_key)
+    elif key is not None and svc.number_of_nodes == 1:
+        if placement.required:
+            _refuse_repelling(idep, service, template["spec"], key)
+        _add_pod_affinity(idep, placement, template["spec"], key)
 
 
 def _annotate_for_kueue(placement: PlacementSpec, service: str, svc: ServiceSpec, metadata: dict[str, Any]) -> None:
@@ -89,16 +89,14 @@ def _add_pod_affinity(idep: InferaDeployment, placement: PlacementSpec, spec: di
         pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(preferred)
 
 
-def _refuse_repelling(idep: InferaDeployment, service: str, spec: dict[str, Any], key: str, required: bool) -> None:
+def _refuse_repelling(idep: InferaDeployment, service: str, spec: dict[str, Any], key: str) -> None:
     """SpecError for an extraPodSpec that keeps the generation's workers out of each other's
     domain, which a required placement puts them in: they would wait Pending forever."""
-    if not required:
-        return
     workers = generation_workers(idep)
     anti = field_at(spec, "affinity", "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution") or []
     for index, term in enumerate(anti):
-        selected = selects(term.get("labelSelector") or {}, workers) if "labelSelector" in term else False
-        if term.get("topologyKey") == key and selected:
+        # A term without a selector selects no pod.
+        if term.get("topologyKey") == key and "labelSelector" in term and selects(term["labelSelector"], workers):
             raise SpecError(
                 f"spec.services.{service}.extraPodSpec.affinity.podAntiAffinity."
                 f"requiredDuringSchedulingIgnoredDuringExecution[{index}]: keeps the graph's workers out of each "
@@ -137,10 +135,8 @@ def check_pinned_domains(idep: InferaDeployment) -> None:
     """SpecError when worker services' extraPodSpecs pin their nodes to domains they cannot
     share, which a required placement asks of them."""
     placement = idep.spec.placement
-    if placement is None or placement.scheduler != "Default" or not placement.required:
-        return
-    key = placement.topology_key
-    if key is None:
+    key = placement.affinity_key if placement else None
+    if placement is None or key is None or not placement.required:
         return
     shared: set[str] | None = None
     pinned_by: list[str] = []
